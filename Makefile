@@ -1,0 +1,45 @@
+# Thin targets; every branch of logic lives in Python (stack/, streaming/, producers/, bench/).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DURATION ?= 120
+PYTEST_ARGS ?=
+
+.PHONY: install up down status run test unit integration bench lint
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --disable-pip-version-check -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed  ## Python deps, Kafka jars, MinIO binary, Spark/Delta jars (cached outside the clone)
+	$(PY) -m stack install
+
+up: install                  ## start Kafka and MinIO on loopback, create bucket, keys and topic
+	$(PY) -m stack up
+
+down:                        ## stop every service of the native stack
+	@if [ -x $(PY) ]; then $(PY) -m stack down; fi
+
+status: install              ## services, tables and stream
+	$(PY) -m stack status
+	$(PY) -m streaming.cli status
+
+run: install                 ## the whole pipeline, live, then a summary (DURATION=seconds, Ctrl-C to stop early)
+	$(PY) -m stack run --duration $(DURATION)
+
+test: install                ## unit + integration tests against real services started by the test setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: install
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+integration: install
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+bench: install               ## benchmark against the real stack; writes bench/results/<date>.json and .md
+	$(PY) -m bench
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy

@@ -1,0 +1,1 @@
+"""Spark Structured Streaming job: Kafka -> validate -> Delta Lake tables on MinIO."""

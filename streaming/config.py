@@ -1,0 +1,414 @@
+"""Typed, frozen configuration: YAML file, then environment overrides, validated once at start-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from streaming.errors import ConfigError
+
+ENV_PREFIX = "IOTLAKE_"
+ENV_NESTING = "__"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "default.yaml"
+SECRET_KEYS = frozenset({"access_key", "secret_key"})
+
+ACTIONS = ("quarantine", "drop", "warn", "fail")
+# Rules whose records can't become a reading: keeping them (`warn`) is not an option.
+STRUCTURAL_RULES = frozenset(
+    {
+        "empty_value",
+        "invalid_utf8",
+        "message_too_large",
+        "malformed_json",
+        "missing_field",
+        "wrong_type",
+        "unknown_schema_version",
+        "unexpected_field",
+        "type_conflict",
+    }
+)
+VALUE_RULES = frozenset({"out_of_range", "event_time_in_future", "event_time_too_old"})
+ALL_RULES = STRUCTURAL_RULES | VALUE_RULES
+
+_DURATION = re.compile(r"^\s*(?:interval\s+)?(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {
+    **dict.fromkeys(("ms", "millisecond", "milliseconds"), 0.001),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hour", "hours"), 3600.0),
+    **dict.fromkeys(("d", "day", "days"), 86400.0),
+    **dict.fromkeys(("w", "week", "weeks"), 604800.0),
+}
+
+
+def parse_duration(text: str | int | float, key: str) -> float:
+    """Seconds in '5 minutes', '7 days', 'interval 30 days', '250 ms' or a bare number of seconds."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    match = _DURATION.match(str(text))
+    if not match or match.group(2).lower() not in _UNIT_SECONDS:
+        raise ConfigError(
+            f"{key}: {text!r} is not a duration. Use a number and a unit, e.g. '30 seconds', "
+            "'5 minutes', '2 hours', '7 days'."
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "sensor-readings"
+    partitions: int = 6
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int = 250_000
+    fail_on_data_loss: bool = True
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    base_uri: str = "s3a://iotlake/lake"
+    endpoint: str = "http://127.0.0.1:9000"
+    region: str = "us-east-1"
+    path_style_access: bool = True
+    ssl_enabled: bool = False
+    secrets_file: str = "var/secrets.env"
+    access_key: str | None = None
+    secret_key: str | None = None
+
+    @property
+    def bucket(self) -> str:
+        """The bucket named by base_uri (s3a://BUCKET/prefix)."""
+        return self.base_uri.split("://", 1)[1].split("/", 1)[0]
+
+    @property
+    def is_s3(self) -> bool:
+        return self.base_uri.startswith(("s3a://", "s3://"))
+
+    def table_uri(self, name: str) -> str:
+        return f"{self.base_uri.rstrip('/')}/{name}"
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = "local[2]"
+    app_name: str = "iotlake-ingest"
+    ivy_cache: str = "~/.cache/iotlake/ivy"
+    driver_memory: str = "2g"
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    checkpoint_location: str = "checkpoints/ingest"
+    trigger_interval: str = "5 seconds"
+    exactly_once: bool = True
+    metrics_port: int = 9108
+    metrics_host: str = "127.0.0.1"
+    crash_after_batch: int | None = None
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    name: str
+    partition_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TablesConfig:
+    readings: TableConfig = TableConfig("readings", ("event_date",))
+    device_state: TableConfig = TableConfig("device_state")
+    quarantine: TableConfig = TableConfig("quarantine", ("ingest_date",))
+    log_retention: str = "interval 30 days"
+    deleted_file_retention: str = "interval 7 days"
+
+
+@dataclass(frozen=True)
+class Range:
+    min: float
+    max: float
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    schema_versions: tuple[int, ...] = (1,)
+    required: tuple[str, ...] = ("event_id", "device_id", "parcel_id", "seq", "event_time", "schema_version")
+    ranges: Mapping[str, Range] = field(default_factory=dict)
+    max_future_skew: str = "5 minutes"
+    max_lateness: str = "7 days"
+    max_message_bytes: int = 65536
+    actions: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def max_future_skew_s(self) -> float:
+        return parse_duration(self.max_future_skew, "validation.max_future_skew")
+
+    @property
+    def max_lateness_s(self) -> float:
+        return parse_duration(self.max_lateness, "validation.max_lateness")
+
+    def action(self, rule: str) -> str:
+        return self.actions.get(rule, "quarantine")
+
+
+@dataclass(frozen=True)
+class SchemaEvolutionConfig:
+    add_new_fields: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka: KafkaConfig = KafkaConfig()
+    storage: StorageConfig = StorageConfig()
+    spark: SparkConfig = SparkConfig()
+    ingest: IngestConfig = IngestConfig()
+    tables: TablesConfig = TablesConfig()
+    validation: ValidationConfig = ValidationConfig()
+    schema_evolution: SchemaEvolutionConfig = SchemaEvolutionConfig()
+    source: str = ""
+
+    def masked(self) -> dict[str, Any]:
+        """The effective config as plain data, secrets replaced by '***' (or null when unset)."""
+        data = _plain(self)
+        for key in SECRET_KEYS:
+            if data["storage"].get(key):
+                data["storage"][key] = "***"
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.masked(), indent=2, sort_keys=True)
+
+
+def _plain(obj: Any) -> Any:
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _plain(v) for k, v in asdict(obj).items()}
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, tuple | list):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Read the YAML file (default: config/default.yaml), apply IOTLAKE_* overrides, validate."""
+    env = os.environ if env is None else env
+    config_path = Path(path or env.get("IOTLAKE_CONFIG") or DEFAULT_CONFIG_PATH)
+    try:
+        raw = yaml.safe_load(config_path.read_text()) or {}
+    except FileNotFoundError as e:
+        raise ConfigError(
+            f"Config file {config_path} does not exist. Pass --config PATH or set IOTLAKE_CONFIG; "
+            f"the committed default is {DEFAULT_CONFIG_PATH}."
+        ) from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Config file {config_path} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"Config file {config_path} must hold a mapping of sections, not {type(raw).__name__}.")
+    _apply_env_overrides(raw, env)
+    settings = _build(raw, str(config_path))
+    settings = _with_secrets(settings)
+    _validate(settings)
+    return settings
+
+
+def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or ENV_NESTING not in name:
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split(ENV_NESTING)]
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{name}: '{part}' is a value, not a section; it can't hold '{path[-1]}'.")
+            node = child
+        leaf = path[-1]
+        # Spark conf keys keep their dots and case: IOTLAKE_SPARK__CONF__spark.sql.shuffle.partitions
+        if path[:2] == ["spark", "conf"] and len(path) == 3:
+            leaf = name.split(ENV_NESTING)[-1]
+        node[leaf] = _parse_scalar(value) if leaf not in SECRET_KEYS else value
+
+
+def _parse_scalar(value: str) -> Any:
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+_SECTIONS: dict[str, type] = {
+    "kafka": KafkaConfig,
+    "storage": StorageConfig,
+    "spark": SparkConfig,
+    "ingest": IngestConfig,
+    "validation": ValidationConfig,
+    "schema_evolution": SchemaEvolutionConfig,
+}
+
+
+def _build(raw: dict[str, Any], source: str) -> Settings:
+    unknown = set(raw) - set(_SECTIONS) - {"tables"}
+    if unknown:
+        raise ConfigError(
+            f"Unknown config section(s) {sorted(unknown)}. Allowed: {sorted([*_SECTIONS, 'tables'])}."
+        )
+    built: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        built[name] = _section(cls, raw.get(name) or {}, name)
+    built["tables"] = _tables(raw.get("tables") or {})
+    return Settings(**built, source=source)
+
+
+def _section(cls: type, data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix} must be a mapping, got {data!r}.")
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(data) - set(known)
+    if unknown:
+        raise ConfigError(f"Unknown key(s) {sorted(f'{prefix}.{k}' for k in unknown)}. Allowed: {sorted(known)}.")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        values[key] = _coerce(cls, key, value, f"{prefix}.{key}")
+    return cls(**values)
+
+
+def _coerce(cls: type, key: str, value: Any, where: str) -> Any:
+    default = cls.__dataclass_fields__[key].default
+    if key == "ranges":
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must map a field to {{min, max}}, got {value!r}.")
+        out = {}
+        for name, bounds in value.items():
+            if not isinstance(bounds, dict) or set(bounds) != {"min", "max"}:
+                raise ConfigError(f"{where}.{name} must be {{min: NUMBER, max: NUMBER}}, got {bounds!r}.")
+            lo, hi = bounds["min"], bounds["max"]
+            if not all(isinstance(b, int | float) and not isinstance(b, bool) for b in (lo, hi)) or lo > hi:
+                raise ConfigError(f"{where}.{name}: min and max must be numbers with min <= max, got {bounds!r}.")
+            out[str(name)] = Range(float(lo), float(hi))
+        return out
+    if key in ("conf", "options", "actions"):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}.")
+        return {str(k): str(v) for k, v in value.items()}
+    if key in ("required", "schema_versions"):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}.")
+        return tuple(value)
+    if value is None:
+        return None
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}.")
+        return value
+    if isinstance(default, int) or key == "crash_after_batch":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be a whole number, got {value!r}.")
+        return value
+    if isinstance(default, str) or default is None:
+        return str(value)
+    return value
+
+
+def _tables(data: Any) -> TablesConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"tables must be a mapping, got {data!r}.")
+    base = TablesConfig()
+    allowed = {"readings", "device_state", "quarantine", "log_retention", "deleted_file_retention"}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ConfigError(f"Unknown key(s) {sorted(f'tables.{k}' for k in unknown)}. Allowed: {sorted(allowed)}.")
+    values: dict[str, Any] = {}
+    for key in ("readings", "device_state", "quarantine"):
+        current: TableConfig = getattr(base, key)
+        spec = data.get(key) or {}
+        if not isinstance(spec, dict) or set(spec) - {"name", "partition_by"}:
+            raise ConfigError(f"tables.{key} takes 'name' and 'partition_by', got {spec!r}.")
+        name = str(spec.get("name", current.name))
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ConfigError(f"tables.{key}.name {name!r} must be letters, digits and underscores.")
+        partition_by = tuple(spec.get("partition_by", current.partition_by) or ())
+        values[key] = TableConfig(name, partition_by)
+    for key in ("log_retention", "deleted_file_retention"):
+        values[key] = str(data.get(key, getattr(base, key)))
+    return TablesConfig(**values)
+
+
+def read_secrets_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of the generated secrets file; missing file -> empty."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def resolve_path(path: str, base: Path = PROJECT_ROOT) -> Path:
+    """A config path: absolute as is, `~` expanded, relative to the project root."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _with_secrets(settings: Settings) -> Settings:
+    storage = settings.storage
+    if storage.access_key and storage.secret_key:
+        return settings
+    secrets = read_secrets_file(resolve_path(storage.secrets_file))
+    access = storage.access_key or secrets.get("IOTLAKE_WRITER_ACCESS_KEY")
+    secret = storage.secret_key or secrets.get("IOTLAKE_WRITER_SECRET_KEY")
+    return replace(settings, storage=replace(storage, access_key=access, secret_key=secret))
+
+
+def _validate(s: Settings) -> None:
+    if not s.kafka.bootstrap_servers.strip():
+        raise ConfigError("kafka.bootstrap_servers is empty. Set it to host:port[,host:port].")
+    if s.kafka.partitions < 1:
+        raise ConfigError(f"kafka.partitions must be >= 1, got {s.kafka.partitions}.")
+    if s.kafka.starting_offsets not in ("earliest", "latest"):
+        raise ConfigError(
+            f"kafka.starting_offsets must be 'earliest' or 'latest', got {s.kafka.starting_offsets!r}."
+        )
+    if s.kafka.max_offsets_per_trigger < 1:
+        raise ConfigError("kafka.max_offsets_per_trigger must be >= 1.")
+    if "://" not in s.storage.base_uri:
+        raise ConfigError(
+            f"storage.base_uri {s.storage.base_uri!r} needs a scheme, e.g. s3a://BUCKET/prefix or file:///path."
+        )
+    parse_duration(s.ingest.trigger_interval, "ingest.trigger_interval")
+    for key in ("log_retention", "deleted_file_retention"):
+        parse_duration(getattr(s.tables, key), f"tables.{key}")
+    if not 0 <= s.ingest.metrics_port <= 65535:
+        raise ConfigError(f"ingest.metrics_port must be 0..65535, got {s.ingest.metrics_port}.")
+    v = s.validation
+    if v.max_future_skew_s < 0 or v.max_lateness_s <= 0:
+        raise ConfigError("validation.max_future_skew must be >= 0 and validation.max_lateness > 0.")
+    if v.max_message_bytes < 1:
+        raise ConfigError("validation.max_message_bytes must be >= 1.")
+    for rule, action in v.actions.items():
+        if rule not in ALL_RULES:
+            raise ConfigError(f"validation.actions.{rule}: unknown rule. Known rules: {sorted(ALL_RULES)}.")
+        allowed = ACTIONS if rule in VALUE_RULES else tuple(a for a in ACTIONS if a != "warn")
+        if action not in allowed:
+            raise ConfigError(f"validation.actions.{rule}: {action!r} is not allowed. Choose one of {list(allowed)}.")
+    missing_required = {"event_id", "device_id", "event_time", "seq"} - set(v.required)
+    if missing_required:
+        raise ConfigError(
+            f"validation.required must include {sorted(missing_required)}: readings are keyed by event_id and "
+            "device_state is ordered by (event_time, seq)."
+        )

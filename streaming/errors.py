@@ -1,0 +1,41 @@
+"""One root error and a subclass per area; every message names the cause and the fix."""
+
+from __future__ import annotations
+
+
+class IotLakeError(Exception):
+    """Root of every error the product raises on purpose (exit code 2 in the CLIs)."""
+
+    exit_code = 2
+
+
+class ConfigError(IotLakeError):
+    """The configuration is invalid: names the key, the value and what is allowed."""
+
+
+class CredentialsError(IotLakeError):
+    """Storage credentials are missing or refused."""
+
+
+class ServiceUnreachableError(IotLakeError):
+    """Kafka, MinIO or another service did not answer."""
+
+
+class StorageError(IotLakeError):
+    """The object store answered, but not as needed (bucket missing, access denied)."""
+
+
+class JavaMissingError(IotLakeError):
+    """No usable Java runtime for Spark."""
+
+
+class CheckpointError(IotLakeError):
+    """The checkpoint belongs to a different or incompatible query."""
+
+
+class ValidationFailure(IotLakeError):
+    """A validation rule whose action is `fail` matched a record: the stream stops."""
+
+
+class StackError(IotLakeError):
+    """The native local stack (install, start, stop) failed."""
