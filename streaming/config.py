@@ -28,6 +28,7 @@ STRUCTURAL_RULES = frozenset(
         "invalid_utf8",
         "message_too_large",
         "malformed_json",
+        "not_json_object",
         "missing_field",
         "wrong_type",
         "unknown_schema_version",

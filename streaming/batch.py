@@ -1,0 +1,186 @@
+"""One micro-batch, with no I/O: parse -> validate -> split -> dedup -> order (DataFrames in, DataFrames out)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from streaming.rules import Rules, action_of, reason_codes
+from streaming.schema import (
+    CORRUPT,
+    DEVICE_STATE_COLUMNS,
+    EVENT_FIELD_NAMES,
+    QUARANTINE_COLUMNS,
+    READINGS_COLUMNS,
+    text_event_schema,
+    typed_event_schema,
+)
+from streaming.schema import Column as SchemaColumn
+
+KEEP = ("ok", "warn")
+EVOLVABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_VARIANT_TYPES: dict[str, T.DataType] = {
+    "BOOLEAN": T.BooleanType(),
+    "STRING": T.StringType(),
+    **{t: T.DoubleType() for t in ("TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "DECIMAL")},
+}
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What identifies a micro-batch; fixed before any row is looked at."""
+
+    batch_id: int
+    ingest_time: datetime
+
+    @property
+    def now_ms(self) -> int:
+        return int(self.ingest_time.timestamp() * 1000)
+
+
+def validate(raw: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
+    """Kafka rows (key, value, topic, partition, offset, timestamp) plus the parse, reasons and action."""
+    extra = rules.extra_columns
+    size = F.coalesce(F.length("value"), F.lit(0))
+    as_text = F.col("value").cast("string")
+    decodable = size.between(1, rules.max_message_bytes) & F.is_valid_utf8(as_text)
+    parsed = (
+        raw.withColumn("value_text", F.when(decodable, as_text))
+        .withColumn("json_keys", F.json_object_keys("value_text"))
+        .withColumn(
+            "typed",
+            F.from_json(
+                "value_text",
+                typed_event_schema(extra),
+                {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
+            ),
+        )
+        .withColumn(
+            "text",
+            F.when(F.col(f"typed.{CORRUPT}").isNotNull(), F.from_json("value_text", text_event_schema(extra))),
+        )
+    )
+    reasons = reason_codes(rules, info.now_ms)
+    return parsed.withColumn("reasons", reasons).withColumn("action", action_of(rules, F.col("reasons")))
+
+
+def _kafka_columns() -> list[Column]:
+    return [
+        F.col("topic").alias("kafka_topic"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+    ]
+
+
+def _ingest_columns(info: BatchInfo) -> list[Column]:
+    return [
+        F.lit(info.ingest_time).cast("timestamp").alias("ingest_time"),
+        F.lit(info.batch_id).cast("long").alias("ingest_batch_id"),
+    ]
+
+
+def readings(validated: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
+    """Rows to keep (action ok or warn), one per event_id: the first by Kafka (partition, offset)."""
+    event_time_ms = F.col("typed.event_time")
+    fields = [
+        F.timestamp_millis(event_time_ms).alias(name) if name == "event_time" else F.col(f"typed.{name}").alias(name)
+        for name in EVENT_FIELD_NAMES
+    ]
+    extra = [F.col(f"typed.{c.name}").alias(c.name) for c in rules.extra_columns]
+    rows = validated.where(F.col("action").isin(*KEEP)).select(
+        *fields,
+        F.date_from_unix_date(F.floor(event_time_ms / 86_400_000).cast("int")).alias("event_date"),
+        *_kafka_columns(),
+        *_ingest_columns(info),
+        F.when(F.col("action") == "warn", F.col("reasons"))
+        .otherwise(F.array().cast("array<string>"))
+        .alias("warnings"),
+        *extra,
+    )
+    return dedup_first(rows, "event_id", ("kafka_partition", "kafka_offset"))
+
+
+def dedup_first(rows: DataFrame, key: str, order: tuple[str, ...]) -> DataFrame:
+    """One row per key: the smallest by `order`, so a replayed batch picks the same row."""
+    columns = rows.columns
+    picked = rows.groupBy(key).agg(
+        F.min_by(F.struct(*columns), F.struct(*order)).alias("row"),
+    )
+    return picked.select("row.*")
+
+
+def latest_per_device(readings_df: DataFrame) -> DataFrame:
+    """The newest reading of each device in the batch by (event_time, seq): the device_state source."""
+    names = [c.name for c in DEVICE_STATE_COLUMNS if c.name != "ingest_time"]
+    extra = [c for c in readings_df.columns if c not in {col.name for col in READINGS_COLUMNS}]
+    cols = [*names, *extra, "ingest_time"]
+    newest = readings_df.groupBy("device_id").agg(
+        F.max_by(F.struct(*cols), F.struct("event_time", "seq", "event_id")).alias("row"),
+    )
+    return newest.select("row.*")
+
+
+def quarantine(validated: DataFrame, info: BatchInfo) -> DataFrame:
+    """Rejected records as received, with every reason and their Kafka coordinates."""
+    return validated.where(F.col("action") == "quarantine").select(
+        F.col("key").alias("raw_key"),
+        F.col("value").alias("raw_value"),
+        "value_text",
+        F.col("reasons")[0].alias("reason"),
+        "reasons",
+        *_kafka_columns(),
+        *_ingest_columns(info),
+        F.lit(info.ingest_time.astimezone(UTC).date()).alias("ingest_date"),
+    )
+
+
+def outcome_counts(validated: DataFrame) -> DataFrame:
+    """(action, reasons, count): a handful of rows that every batch statistic is computed from."""
+    return validated.groupBy("action", "reasons").count()
+
+
+def new_field_names(validated: DataFrame, rules: Rules) -> Column:
+    """Per kept row: the keys no column holds yet, the candidates for schema evolution."""
+    known = F.array(*[F.lit(n) for n in rules.known_fields])
+    return F.when(F.col("action").isin(*KEEP), F.array_except(F.col("json_keys"), known))
+
+
+def infer_new_columns(validated: DataFrame, names: list[str]) -> tuple[list[SchemaColumn], list[str]]:
+    """Types of new fields, from their first occurrence by Kafka position; (columns, names that can't evolve).
+
+    Numbers become double, so 3 and 3.5 don't conflict; objects, arrays and odd names don't evolve.
+    """
+    evolvable = [n for n in names if EVOLVABLE_NAME.match(n)]
+    refused = [n for n in names if not EVOLVABLE_NAME.match(n)]
+    if not evolvable:
+        return [], refused
+    variant = F.try_parse_json("value_text")
+    firsts = validated.where(F.col("action").isin(*KEEP)).select(
+        *[
+            F.min_by(
+                F.schema_of_variant(F.try_variant_get(variant, f"$.{n}", "variant")),
+                F.when(F.try_variant_get(variant, f"$.{n}", "variant").isNotNull(), F.struct("partition", "offset")),
+            ).alias(n)
+            for n in evolvable
+        ]
+    )
+    row = firsts.first()
+    columns: list[SchemaColumn] = []
+    for name in evolvable:
+        kind = (row[name] if row is not None else None) or ""
+        data_type = _VARIANT_TYPES.get(kind.split("(")[0])
+        if data_type is None:
+            refused.append(name)
+        else:
+            columns.append(SchemaColumn(name, data_type, f"Added by schema evolution on {_today()}"))
+    return columns, refused
+
+
+def _today() -> str:
+    return datetime.now(UTC).date().isoformat()

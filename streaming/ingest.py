@@ -1,0 +1,280 @@
+"""Wires the Kafka source, foreachBatch and the tables: the streaming job behind `iotlake ingest`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.storagelevel import StorageLevel
+
+from streaming import batch
+from streaming.config import Settings, parse_duration, resolve_path
+from streaming.errors import CheckpointError, IotLakeError, ValidationFailure
+from streaming.metrics import IngestMetrics
+from streaming.preflight import check_kafka, check_storage
+from streaming.rules import Rules
+from streaming.session import build_session
+from streaming.tables import LakeTables, Txn
+
+log = logging.getLogger("iotlake.ingest")
+QUERY_NAME = "iotlake_ingest"
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one micro-batch did, for logs, metrics and tests."""
+
+    batch_id: int
+    input_rows: int
+    by_action: dict[str, int]
+    quarantined_by_rule: dict[str, int]
+    inserted: int
+    device_updates: int
+    seconds: float
+
+
+def checkpoint_location(settings: Settings) -> str:
+    location = settings.ingest.checkpoint_location
+    return location if "://" in location else str(resolve_path(location))
+
+
+class BatchWriter:
+    """The foreachBatch body: validate, split, then MERGE/append each table under its transaction id."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, tables: LakeTables, metrics: IngestMetrics) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.tables = tables
+        self.metrics = metrics
+        self.rules = Rules.from_settings(settings, tables.evolved_columns())
+        self.reports: list[BatchReport] = []
+        self.newest_event = 0.0
+
+    def __call__(self, raw: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        info = batch.BatchInfo(batch_id, datetime.now(UTC))
+        # Stable across restarts from the same checkpoint, new when the checkpoint is deleted.
+        query_id = self.spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"
+        validated = batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts = batch.outcome_counts(validated).collect()
+            if self.rules.allow_new_fields:
+                validated, counts = self._evolve(raw, validated, counts, info)
+            report = self._write(validated, counts, info, query_id, started)
+        finally:
+            validated.unpersist()
+        self._record(report)
+        crash_after = self.settings.ingest.crash_after_batch
+        if crash_after is not None and batch_id == crash_after:
+            _crash(batch_id)
+
+    def _evolve(
+        self, raw: DataFrame, validated: DataFrame, counts: list, info: batch.BatchInfo
+    ) -> tuple[DataFrame, list]:
+        """Add new optional fields as columns (inferred types), or mark the ones that can't evolve."""
+        new = batch.new_field_names(validated, self.rules)
+        names = sorted(r[0] for r in validated.select(F.explode(new)).distinct().collect())
+        if not names:
+            return validated, counts
+        columns, refused = batch.infer_new_columns(validated, names)
+        self.rules = replace(
+            self.rules,
+            extra_columns=(*self.rules.extra_columns, *columns),
+            refused_fields=tuple(sorted({*self.rules.refused_fields, *refused})),
+        )
+        log.warning("schema evolution: adding %s; not evolvable: %s", [c.name for c in columns], refused)
+        validated.unpersist()
+        again = batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+        return again, batch.outcome_counts(again).collect()
+
+    def _write(
+        self, validated: DataFrame, counts: list, info: batch.BatchInfo, query_id: str, started: float
+    ) -> BatchReport:
+        by_action: dict[str, int] = {}
+        by_rule: dict[str, int] = {}
+        for action, reasons, rows in counts:
+            if action == "fail":
+                failed = [r for r in reasons if self.rules.action(r.split(":")[0]) == "fail"]
+                raise ValidationFailure(
+                    f"Validation rule {failed[0]!r} has action 'fail' and matched {rows} message(s) in batch "
+                    f"{info.batch_id}; the stream stops before writing it. Fix the producer, or change "
+                    f"validation.actions.{failed[0].split(':')[0]} to quarantine, drop or warn."
+                )
+            by_action[action] = by_action.get(action, 0) + rows
+            if action == "quarantine":
+                for rule in {r.split(":")[0] for r in reasons}:
+                    by_rule[rule] = by_rule.get(rule, 0) + rows
+        input_rows = sum(by_action.values())
+
+        exactly_once = self.settings.ingest.exactly_once
+
+        def txn(table: str) -> Txn | None:
+            return Txn(f"{query_id}-{table}", info.batch_id) if exactly_once else None
+
+        if by_action.get("quarantine"):
+            self.tables.append_quarantine(batch.quarantine(validated, info), txn("quarantine"))
+
+        inserted = device_updates = 0
+        if by_action.get("ok", 0) + by_action.get("warn", 0):
+            rows = batch.readings(validated, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                span = rows.agg(
+                    F.collect_set("event_date").alias("dates"),
+                    F.min("event_time").alias("low"),
+                    F.max("event_time").alias("high"),
+                ).first()
+                assert span is not None
+                evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
+                merged = self.tables.merge_readings(
+                    rows, span["dates"], (span["low"], span["high"]), txn("readings"), evolve
+                )
+                state = self.tables.upsert_device_state(
+                    batch.latest_per_device(rows), txn("device_state"), evolve
+                )
+                inserted, device_updates = merged.inserted, state.inserted + state.updated
+                self.metrics.merged.labels("readings", "inserted").inc(merged.inserted)
+                self.metrics.merged.labels("device_state", "inserted").inc(state.inserted)
+                self.metrics.merged.labels("device_state", "updated").inc(state.updated)
+                kept = by_action.get("ok", 0) + by_action.get("warn", 0)
+                self.metrics.duplicates.inc(max(kept - merged.inserted, 0))
+                self.newest_event = max(self.newest_event, span["high"].timestamp())
+                self.metrics.newest_event.set(self.newest_event)
+            finally:
+                rows.unpersist()
+        return BatchReport(
+            info.batch_id, input_rows, by_action, by_rule, inserted, device_updates, time.monotonic() - started
+        )
+
+    def _record(self, report: BatchReport) -> None:
+        m = self.metrics
+        m.batches.inc()
+        m.input_rows.inc(report.input_rows)
+        for action, rows in report.by_action.items():
+            m.rows.labels(action).inc(rows)
+        for rule, rows in report.quarantined_by_rule.items():
+            m.quarantined.labels(rule).inc(rows)
+        m.batch_seconds.observe(report.seconds)
+        m.last_batch.set(report.batch_id)
+        self.reports.append(report)
+        log.info(
+            "batch %d: %d messages %s, %d readings inserted, %d device states, %.1f s",
+            report.batch_id,
+            report.input_rows,
+            report.by_action,
+            report.inserted,
+            report.device_updates,
+            report.seconds,
+        )
+
+
+def _crash(batch_id: int) -> None:
+    """Fault injection for the crash-and-replay test: die after the Delta commits, before the checkpoint's."""
+    print(f"iotlake: crash_after_batch={batch_id}: killing the driver now (SIGKILL)", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _ProgressListener(StreamingQueryListener):
+    def __init__(self, metrics: IngestMetrics) -> None:
+        self.metrics = metrics
+
+    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
+        self.metrics.up.set(1)
+
+    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
+        self.metrics.record_progress(event.progress.json)
+
+    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
+        self.metrics.up.set(0)
+
+
+def kafka_stream(spark: SparkSession, settings: Settings) -> DataFrame:
+    k = settings.kafka
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", k.bootstrap_servers)
+        .option("subscribe", k.topic)
+        .option("startingOffsets", k.starting_offsets)
+        .option("maxOffsetsPerTrigger", str(k.max_offsets_per_trigger))
+        .option("failOnDataLoss", str(k.fail_on_data_loss).lower())
+        .option("includeHeaders", "false")
+    )
+    for key, value in k.options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def start_query(
+    spark: SparkSession, settings: Settings, writer: BatchWriter, available_now: bool
+) -> StreamingQuery:
+    stream = kafka_stream(spark, settings).writeStream.foreachBatch(writer)
+    stream = stream.queryName(QUERY_NAME).option("checkpointLocation", checkpoint_location(settings))
+    if available_now:
+        stream = stream.trigger(availableNow=True)
+    else:
+        stream = stream.trigger(processingTime=f"{parse_duration(settings.ingest.trigger_interval, '') :.3f} seconds")
+    return stream.start()
+
+
+def run(settings: Settings, available_now: bool = False, metrics: IngestMetrics | None = None) -> list[BatchReport]:
+    """Run the streaming job until stopped (SIGINT/SIGTERM) or, with available_now, until caught up."""
+    check_kafka(settings)
+    check_storage(settings)
+    metrics = metrics or IngestMetrics()
+    metrics.serve(settings.ingest.metrics_host, settings.ingest.metrics_port)
+    spark = build_session(settings)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        tables = LakeTables(spark, settings)
+        tables.ensure()
+        writer = BatchWriter(spark, settings, tables, metrics)
+        spark.streams.addListener(_ProgressListener(metrics))
+        try:
+            query = start_query(spark, settings, writer, available_now)
+        except Exception as e:  # noqa: BLE001 - Spark raises several unrelated types here
+            raise _explain(e, settings) from e
+        log.info("streaming query %s started (checkpoint %s)", query.id, checkpoint_location(settings))
+        while query.isActive and not stop.is_set():
+            query.awaitTermination(1.0)
+        if query.isActive:
+            log.info("stopping the streaming query (signal received)")
+            query.stop()
+        error = query.exception()
+        if error is not None:
+            raise _explain(error, settings)
+        return writer.reports
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        metrics.up.set(0)
+        spark.stop()
+
+
+def _explain(error: BaseException, settings: Settings) -> IotLakeError:
+    """Turn a Spark failure into one paragraph naming the cause and the fix."""
+    text = str(error)
+    for known in (ValidationFailure,):
+        if known.__name__ in text:
+            detail = text.split(f"{known.__name__}:", 1)[-1].strip().splitlines()[0]
+            return known(detail)
+    if "checkpoint" in text.lower() and any(
+        s in text for s in ("incompatible", "not compatible", "STREAMING_", "Provided schema", "does not match")
+    ):
+        return CheckpointError(
+            f"The checkpoint at {checkpoint_location(settings)} belongs to a different query "
+            f"({text.splitlines()[0][:300]}). Point ingest.checkpoint_location at a new folder, or delete the old "
+            "one to start over (the stream then re-reads from kafka.starting_offsets)."
+        )
+    return IotLakeError(f"The streaming query failed: {text.splitlines()[0][:2000]}")

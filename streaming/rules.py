@@ -1,0 +1,142 @@
+"""Validation rules as Column expressions: each failed rule is a reason code, each code has an action.
+
+Reason codes are `rule` or `rule:field` (e.g. `missing_field:device_id`). The action of a record is the
+most severe action among its reasons: fail > quarantine > drop > warn > ok.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from streaming.config import ALL_RULES, Range, Settings
+from streaming.schema import CORRUPT, EVENT_FIELD_NAMES, EVENT_FIELDS
+from streaming.schema import Column as SchemaColumn
+
+SEVERITY: dict[str, int] = {"ok": 0, "warn": 1, "drop": 2, "quarantine": 3, "fail": 4}
+ACTION_BY_SEVERITY: dict[int, str] = {v: k for k, v in SEVERITY.items()}
+STRING_FIELDS = frozenset(c.name for c in EVENT_FIELDS if isinstance(c.type, T.StringType))
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Everything validation needs, fixed at start-up (plus the columns schema evolution has added)."""
+
+    required: tuple[str, ...]
+    schema_versions: tuple[int, ...]
+    ranges: Mapping[str, Range]
+    max_future_skew_ms: int
+    max_lateness_ms: int
+    max_message_bytes: int
+    actions: Mapping[str, str]
+    allow_new_fields: bool = False
+    extra_columns: tuple[SchemaColumn, ...] = field(default=())
+    refused_fields: tuple[str, ...] = ()  # new fields schema evolution can't add (objects, odd names)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, extra_columns: tuple[SchemaColumn, ...] = ()) -> Rules:
+        v = settings.validation
+        return cls(
+            required=v.required,
+            schema_versions=v.schema_versions,
+            ranges=v.ranges,
+            max_future_skew_ms=int(v.max_future_skew_s * 1000),
+            max_lateness_ms=int(v.max_lateness_s * 1000),
+            max_message_bytes=v.max_message_bytes,
+            actions=dict(v.actions),
+            allow_new_fields=settings.schema_evolution.add_new_fields,
+            extra_columns=extra_columns,
+        )
+
+    @property
+    def known_fields(self) -> tuple[str, ...]:
+        return (*EVENT_FIELD_NAMES, *(c.name for c in self.extra_columns))
+
+    def action(self, rule: str) -> str:
+        return self.actions.get(rule, "quarantine")
+
+
+def _code(condition: Column, code: str) -> Column:
+    return F.when(condition, F.lit(code))
+
+
+def reason_codes(rules: Rules, now_ms: int) -> Column:
+    """array<string> of every failed rule, from the columns value, value_text, json_keys, typed, text.
+
+    The checks are gated so one defect yields one reason: a non-JSON value is not also missing fields.
+    """
+    typed, text = F.col("typed"), F.col("text")
+    size = F.coalesce(F.length(F.col("value")), F.lit(0))
+    gate_decoded = size.between(1, rules.max_message_bytes) & F.col("value_text").isNotNull()
+    is_object = gate_decoded & F.col("json_keys").isNotNull()
+    corrupt = typed[CORRUPT].isNotNull()
+
+    envelope = [
+        _code(size == 0, "empty_value"),
+        _code(size > rules.max_message_bytes, "message_too_large"),
+        _code((size.between(1, rules.max_message_bytes)) & F.col("value_text").isNull(), "invalid_utf8"),
+        F.when(
+            gate_decoded & F.col("json_keys").isNull(),
+            # Only rows that are not a JSON object pay for this second parse.
+            F.when(F.try_parse_json(F.col("value_text")).isNotNull(), F.lit("not_json_object")).otherwise(
+                F.lit("malformed_json")
+            ),
+        ),
+    ]
+
+    per_field: list[Column] = []
+    for name in rules.known_fields:
+        value = typed[name]
+        # The typed parse nulls a mistyped field; the text parse (read only for corrupt rows) tells the two apart.
+        present_as_text = F.when(corrupt, text[name].isNotNull()).otherwise(F.lit(False))
+        missing = value.isNull() & ~present_as_text
+        if name in STRING_FIELDS:
+            missing = missing | (F.trim(value) == "")
+        if name in rules.required:
+            per_field.append(_code(is_object & missing, f"missing_field:{name}"))
+        per_field.append(_code(is_object & value.isNull() & present_as_text, f"wrong_type:{name}"))
+        bounds = rules.ranges.get(name)
+        if bounds is not None:
+            outside = (value < bounds.min) | (value > bounds.max) | F.isnan(value.cast("double"))
+            per_field.append(_code(is_object & value.isNotNull() & outside, f"out_of_range:{name}"))
+
+    version = typed["schema_version"]
+    event_time = typed["event_time"]
+    values = [
+        _code(
+            is_object & version.isNotNull() & ~version.isin(list(rules.schema_versions)),
+            "unknown_schema_version",
+        ),
+        _code(is_object & (event_time > now_ms + rules.max_future_skew_ms), "event_time_in_future"),
+        _code(is_object & (event_time < now_ms - rules.max_lateness_ms), "event_time_too_old"),
+    ]
+    # A malformed object whose corruption no field explains (deep nesting, a bad token) is still malformed.
+    codes = F.array_compact(F.array(*envelope, *per_field, *values))
+    unexplained = is_object & corrupt & (F.size(codes) == 0)
+    codes = F.when(unexplained, F.array(F.lit("malformed_json"))).otherwise(codes)
+    if rules.allow_new_fields:
+        if not rules.refused_fields:
+            return codes
+        extra_keys = F.array_intersect(F.col("json_keys"), F.array(*[F.lit(n) for n in rules.refused_fields]))
+    else:
+        extra_keys = F.array_except(F.col("json_keys"), F.array(*[F.lit(n) for n in rules.known_fields]))
+    unexpected = F.transform(F.array_sort(extra_keys), lambda k: F.concat(F.lit("unexpected_field:"), k))
+    return F.when(is_object, F.concat(codes, unexpected)).otherwise(codes)
+
+
+def action_of(rules: Rules, reasons: Column) -> Column:
+    """The most severe action among the reasons ('ok' when there are none)."""
+    rank_by_rule = F.create_map(
+        *[item for rule in sorted(ALL_RULES) for item in (F.lit(rule), F.lit(SEVERITY[rules.action(rule)]))]
+    )
+    quarantine = F.lit(SEVERITY["quarantine"])
+    ranks = F.transform(
+        reasons, lambda code: F.coalesce(F.element_at(rank_by_rule, F.split(code, ":", 2)[0]), quarantine)
+    )
+    worst = F.coalesce(F.array_max(ranks), F.lit(SEVERITY["ok"]))
+    names = F.array(*[F.lit(ACTION_BY_SEVERITY[i]) for i in range(len(ACTION_BY_SEVERITY))])
+    return F.element_at(names, worst + 1)

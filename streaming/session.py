@@ -1,0 +1,103 @@
+"""The one place that builds the SparkSession: Delta, S3A on MinIO, the Kafka source, sane defaults."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+from streaming.config import Settings, resolve_path
+from streaming.errors import CredentialsError, JavaMissingError
+
+SCALA = "2.13"
+SPARK_VERSION = "4.2.0"
+HADOOP_VERSION = "3.5.0"
+EXTRA_PACKAGES = (
+    f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{SPARK_VERSION}",
+    f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",
+)
+
+# Defaults for a long-running service on a small machine; config's spark.conf overrides any of them.
+BASE_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+    "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+    # Fail fast on a dead endpoint instead of retrying for minutes.
+    "spark.hadoop.fs.s3a.attempts.maximum": "3",
+    "spark.hadoop.fs.s3a.retry.limit": "3",
+    "spark.hadoop.fs.s3a.connection.establish.timeout": "5s",
+    "spark.hadoop.fs.s3a.connection.timeout": "30s",
+}
+
+
+def check_java() -> None:
+    """Spark needs Java 17 or newer on PATH or in JAVA_HOME."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise JavaMissingError(
+            "Java was not found (no JAVA_HOME and no `java` on PATH). Spark needs Java 17 or newer: "
+            "install it (Debian: `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+        )
+    try:
+        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise JavaMissingError(f"`{java} -version` failed ({e}). Reinstall Java 17+ or point JAVA_HOME at it.") from e
+
+
+def storage_conf(settings: Settings) -> dict[str, str]:
+    """S3A options for the object store, with the writer's key (never the root user)."""
+    s = settings.storage
+    if not s.is_s3:
+        return {}
+    if not s.access_key or not s.secret_key:
+        raise CredentialsError(
+            "No S3 credentials for the writer. Run `make up` (it generates the keys into "
+            f"{resolve_path(s.secrets_file)}), or set IOTLAKE_STORAGE__ACCESS_KEY and IOTLAKE_STORAGE__SECRET_KEY."
+        )
+    return {
+        "spark.hadoop.fs.s3a.endpoint": s.endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": s.region,
+        "spark.hadoop.fs.s3a.path.style.access": str(s.path_style_access).lower(),
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": str(s.ssl_enabled).lower(),
+        "spark.hadoop.fs.s3a.access.key": s.access_key,
+        "spark.hadoop.fs.s3a.secret.key": s.secret_key,
+    }
+
+
+def session_conf(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every conf the session gets: built-in defaults < storage < config's spark.conf < extra."""
+    conf = dict(BASE_CONF)
+    conf["spark.jars.ivy"] = str(resolve_path(settings.spark.ivy_cache))
+    conf["spark.driver.memory"] = settings.spark.driver_memory
+    conf.update(storage_conf(settings))
+    conf.update(settings.spark.conf)
+    conf.update(extra or {})
+    return conf
+
+
+def build_session(
+    settings: Settings, app_name: str | None = None, extra_conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """The SparkSession used by the jobs and the tests alike."""
+    from delta import configure_spark_with_delta_pip
+
+    check_java()
+    builder = SparkSession.builder.master(settings.spark.master).appName(app_name or settings.spark.app_name)
+    for key, value in session_conf(settings, extra_conf).items():
+        builder = builder.config(key, value)
+    spark = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES)).getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

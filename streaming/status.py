@@ -1,0 +1,163 @@
+"""What `iotlake status` reads: the tables (through delta-rs, no JVM), the checkpoint and Kafka's offsets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from streaming.config import Settings
+from streaming.errors import ServiceUnreachableError
+from streaming.ingest import checkpoint_location
+from streaming.preflight import CHECK_TIMEOUT_S, kafka_client_conf, minio_client
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    name: str
+    uri: str
+    exists: bool
+    version: int | None = None
+    rows: int | None = None
+    files: int | None = None
+    bytes: int | None = None
+    last_commit: str | None = None
+    last_operation: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    checkpoint: str
+    last_batch_id: int | None
+    committed_offsets: dict[int, int] = field(default_factory=dict)
+    latest_offsets: dict[int, int] = field(default_factory=dict)
+    lag: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def total_lag(self) -> int:
+        return sum(self.lag.values())
+
+
+def delta_storage_options(settings: Settings, access_key: str | None = None, secret_key: str | None = None) -> dict:
+    """delta-rs (object_store) options for the configured S3 endpoint."""
+    s = settings.storage
+    if not s.is_s3:
+        return {}
+    return {
+        "AWS_ENDPOINT_URL": s.endpoint,
+        "AWS_REGION": s.region,
+        "AWS_ACCESS_KEY_ID": access_key or s.access_key or "",
+        "AWS_SECRET_ACCESS_KEY": secret_key or s.secret_key or "",
+        "AWS_ALLOW_HTTP": str(not s.ssl_enabled).lower(),
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": str(not s.path_style_access).lower(),
+    }
+
+
+def delta_rs_uri(uri: str) -> str:
+    return "s3://" + uri.removeprefix("s3a://") if uri.startswith("s3a://") else uri
+
+
+def table_status(settings: Settings, name: str) -> TableStatus:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = settings.storage.table_uri(name)
+    try:
+        table = DeltaTable(delta_rs_uri(uri), storage_options=delta_storage_options(settings))
+    except TableNotFoundError:
+        return TableStatus(name, uri, exists=False)
+    actions = table.get_add_actions(flatten=True).to_pydict()
+    last = table.history(1)[0]
+    stamp = last.get("timestamp")
+    return TableStatus(
+        name=name,
+        uri=uri,
+        exists=True,
+        version=table.version(),
+        rows=sum(int(n or 0) for n in actions.get("num_records", [])),
+        files=len(actions.get("path", [])),
+        bytes=sum(int(n or 0) for n in actions.get("size_bytes", [])),
+        last_commit=datetime.fromtimestamp(stamp / 1000, UTC).isoformat() if stamp else None,
+        last_operation=last.get("operation"),
+    )
+
+
+def _checkpoint_files(settings: Settings, location: str) -> tuple[list[int], dict[int, str]]:
+    """Committed batch ids and the offsets file text of each batch, from a local or s3a:// checkpoint."""
+    texts: dict[int, str] = {}
+    if location.startswith("s3a://"):
+        bucket, _, prefix = location.removeprefix("s3a://").partition("/")
+        client = minio_client(settings)
+        commits = [
+            int(o.object_name.rsplit("/", 1)[-1])
+            for o in client.list_objects(bucket, prefix=f"{prefix.rstrip('/')}/commits/")
+            if o.object_name.rsplit("/", 1)[-1].isdigit()
+        ]
+        if commits:
+            last = max(commits)
+            response = client.get_object(bucket, f"{prefix.rstrip('/')}/offsets/{last}")
+            texts[last] = response.read().decode()
+        return commits, texts
+    root = Path(location.removeprefix("file://"))
+    commits = [int(p.name) for p in (root / "commits").glob("*") if p.name.isdigit()]
+    if commits:
+        texts[max(commits)] = (root / "offsets" / str(max(commits))).read_text()
+    return commits, texts
+
+
+def committed_offsets(offsets_text: str, topic: str) -> dict[int, int]:
+    """Kafka offsets of one checkpoint offsets file (line 1 version, line 2 metadata, then one per source)."""
+    out: dict[int, int] = {}
+    for line in offsets_text.splitlines()[2:]:
+        try:
+            source = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(source, dict):
+            for partition, offset in (source.get(topic) or {}).items():
+                out[int(partition)] = int(offset)
+    return out
+
+
+def latest_offsets(settings: Settings) -> dict[int, int]:
+    """The high watermark of every partition of the topic."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    conf = {**kafka_client_conf(settings), "group.id": "iotlake-status", "enable.auto.commit": False}
+    consumer = Consumer(conf)
+    try:
+        metadata = consumer.list_topics(settings.kafka.topic, timeout=CHECK_TIMEOUT_S)
+        topic = metadata.topics.get(settings.kafka.topic)
+        partitions = sorted(topic.partitions) if topic is not None and topic.error is None else []
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(settings.kafka.topic, p), timeout=CHECK_TIMEOUT_S)[1]
+            for p in partitions
+        }
+    except KafkaException as e:
+        raise ServiceUnreachableError(
+            f"Kafka at {settings.kafka.bootstrap_servers} did not answer ({e.args[0]}). Is the stack up (`make up`)?"
+        ) from e
+    finally:
+        consumer.close()
+
+
+def stream_status(settings: Settings) -> StreamStatus:
+    location = checkpoint_location(settings)
+    commits, texts = _checkpoint_files(settings, location)
+    last = max(commits) if commits else None
+    committed = committed_offsets(texts[last], settings.kafka.topic) if last is not None else {}
+    latest = latest_offsets(settings)
+    lag = {p: max(high - committed.get(p, 0), 0) for p, high in latest.items()}
+    return StreamStatus(location, last, committed, latest, lag)
+
+
+def status(settings: Settings) -> dict[str, Any]:
+    t = settings.tables
+    tables = [table_status(settings, spec.name) for spec in (t.readings, t.device_state, t.quarantine)]
+    stream = stream_status(settings)
+    return {
+        "tables": [asdict(x) for x in tables],
+        "stream": {**asdict(stream), "total_lag": stream.total_lag},
+    }

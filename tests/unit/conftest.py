@@ -1,0 +1,38 @@
+"""Unit-test fixtures: a small local Spark session (no services) and settings that point at local files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from streaming.config import Settings, load_settings
+from streaming.session import build_session
+
+
+@pytest.fixture(scope="session")
+def local_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    root = tmp_path_factory.mktemp("lake")
+    return load_settings(
+        env={
+            "IOTLAKE_STORAGE__BASE_URI": f"file://{root}",
+            "IOTLAKE_STORAGE__SECRETS_FILE": str(root / "no-secrets.env"),
+            "IOTLAKE_SPARK__CONF__spark.sql.shuffle.partitions": "2",
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def spark(local_settings: Settings) -> Iterator[SparkSession]:
+    session = build_session(local_settings, app_name="iotlake-unit-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def lake_root(tmp_path: Path) -> Path:
+    return tmp_path
