@@ -1,0 +1,88 @@
+"""Host and port parsing for the services the stack runs on loopback."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from streaming.errors import StackError
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
+
+
+@dataclass(frozen=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def _port(text: str, where: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise StackError(
+            f"{where}: port {text!r} is not a number. Use host:port, e.g. 127.0.0.1:9092."
+        ) from None
+    if not 1 <= port <= 65534:
+        raise StackError(f"{where}: port {port} is out of range; use 1..65534 (the next port is used too).")
+    return port
+
+
+def _require_loopback(host: str, where: str) -> None:
+    if host not in LOOPBACK_HOSTS and not host.startswith("127."):
+        raise StackError(
+            f"{where}: host {host!r} is not loopback. The native stack only runs services on this machine; "
+            "use 127.0.0.1 (or localhost), or point the pipeline at your own services and skip `stack up`."
+        )
+
+
+def kafka_listener(bootstrap_servers: str) -> HostPort:
+    """The broker listener: the first host:port of kafka.bootstrap_servers (must be loopback)."""
+    where = "kafka.bootstrap_servers"
+    first = bootstrap_servers.split(",")[0].strip()
+    if "://" in first:
+        first = first.split("://", 1)[1]
+    host, sep, port = first.rpartition(":")
+    if not sep or not host:
+        raise StackError(f"{where}: {first!r} is not host:port. Use e.g. 127.0.0.1:9092.")
+    _require_loopback(host, where)
+    return HostPort(host, _port(port, where))
+
+
+def kafka_controller(listener: HostPort) -> HostPort:
+    """The KRaft controller listens on the broker port + 1."""
+    return HostPort(listener.host, listener.port + 1)
+
+
+def minio_api(endpoint: str) -> HostPort:
+    """The MinIO S3 API address from storage.endpoint (http://host:port, loopback)."""
+    where = "storage.endpoint"
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    if parts.scheme != "http":
+        raise StackError(
+            f"{where}: {endpoint!r} uses {parts.scheme!r}; the native MinIO serves plain http on loopback. "
+            "Use http://127.0.0.1:9000."
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise StackError(
+            f"{where}: {endpoint!r} has an invalid port. Use e.g. http://127.0.0.1:9000."
+        ) from None
+    if not parts.hostname or port is None:
+        raise StackError(f"{where}: {endpoint!r} needs a host and a port, e.g. http://127.0.0.1:9000.")
+    _require_loopback(parts.hostname, where)
+    return HostPort(parts.hostname, _port(str(port), where))
+
+
+def minio_console(api: HostPort) -> HostPort:
+    """The MinIO console listens on the API port + 1."""
+    return HostPort(api.host, api.port + 1)
+
+
+def bind_host(address: HostPort) -> str:
+    """The numeric address to bind: localhost binds 127.0.0.1."""
+    return "127.0.0.1" if address.host == "localhost" else address.host

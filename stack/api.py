@@ -1,0 +1,101 @@
+"""The stack's public operations: install, up, down, status."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from stack import kafka, minio, proc
+from stack import secrets as sec
+from stack.addresses import minio_console
+from stack.install import Echo, Installed, install
+from stack.layout import StackLayout
+from streaming.config import Settings, resolve_path
+
+__all__ = ["Installed", "down", "install", "status", "up"]
+
+
+def _timed(echo: Echo | None, started: float, text: str) -> None:
+    if echo is not None:
+        echo(f"{text} ({time.monotonic() - started:.1f}s)")
+
+
+def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None = print) -> None:
+    """Install what is missing, start Kafka and MinIO (reusing running ones), bootstrap MinIO, add the topic.
+
+    Prints one line per step through `echo` (None: silent).
+    """
+    layout = layout or StackLayout.default()
+    inst = install(layout, echo)
+    layout.make_dirs()
+    secrets_path = resolve_path(settings.storage.secrets_file)
+    secrets = sec.ensure_secrets_file(secrets_path)
+
+    kafka.check_can_start(settings, layout)  # both checked before either starts
+    minio.check_can_start(settings, layout)
+    started = time.monotonic()
+    kafka_pid, kafka_reused = kafka.launch(settings, layout, inst)
+    minio_started = time.monotonic()
+    minio_pid, minio_reused = minio.launch(settings, layout, inst, secrets)
+    # MinIO first: it is ready sooner, so each line shows its own start-up time.
+    minio.wait_ready(settings, layout, minio_pid)
+    verb = "running already" if minio_reused else "started"
+    _timed(echo, minio_started, f"minio: {verb}, pid {minio_pid}, {settings.storage.endpoint}, ready")
+    kafka.wait_ready(settings, layout, kafka_pid)
+    verb = "running already" if kafka_reused else "started"
+    _timed(echo, started, f"kafka: {verb}, pid {kafka_pid}, {kafka.address(settings)}, ready")
+
+    started = time.monotonic()
+    minio.bootstrap(settings, secrets)
+    _timed(
+        echo, started, f"minio bootstrap: bucket {settings.storage.bucket!r} private, writer + reader users"
+    )
+    started = time.monotonic()
+    count = kafka.ensure_topic(settings)
+    _timed(echo, started, f"topic {settings.kafka.topic!r}: {count} partitions, all with a leader")
+    if echo is not None:
+        echo(f"secrets: {secrets_path} (mode 0600)")
+
+
+def down(layout: StackLayout | None = None, echo: Echo | None = print) -> None:
+    """Stop MinIO and Kafka if this layout started them (SIGTERM, deadline, SIGKILL). Safe to call twice."""
+    layout = layout or StackLayout.default()
+    for name, stop in (("minio", minio.stop), ("kafka", kafka.stop)):
+        started = time.monotonic()
+        pid = stop(layout)
+        _timed(echo, started, f"{name}: stopped pid {pid}" if pid else f"{name}: not running")
+
+
+def status(settings: Settings, layout: StackLayout | None = None) -> dict[str, Any]:
+    """Each service: state (running | not answering | stopped), pid, address, log path."""
+    layout = layout or StackLayout.default()
+    kafka_addr = kafka.address(settings)
+    minio_addr = minio.address(settings)
+    kafka_pid = proc.read_pid(kafka.service(layout))
+    minio_pid = proc.read_pid(minio.service(layout))
+    return {
+        "kafka": {
+            "state": _state(kafka_pid, lambda: kafka.answers(str(kafka_addr), timeout=2.0)),
+            "pid": kafka_pid,
+            "address": str(kafka_addr),
+            "topic": settings.kafka.topic,
+            "log": str(layout.log("kafka")),
+        },
+        "minio": {
+            "state": _state(minio_pid, lambda: minio.answers(minio_addr, timeout=2.0)),
+            "pid": minio_pid,
+            "address": f"http://{minio_addr}",
+            "console": f"http://{minio_console(minio_addr)}",
+            "bucket": settings.storage.bucket,
+            "log": str(layout.log("minio")),
+        },
+        "home": str(layout.home),
+        "cache": str(layout.cache),
+        "secrets_file": str(resolve_path(settings.storage.secrets_file)),
+    }
+
+
+def _state(pid: int | None, probe: Any) -> str:
+    if pid is None:
+        return "stopped"
+    return "running" if probe() else "not answering"

@@ -1,0 +1,110 @@
+"""Command line of the native stack: `python -m stack install|up|down|status [--config PATH]`.
+
+Adding a subcommand from another module (e.g. `stack/run.py`): list it in EXTENSIONS and give it
+`register(subparsers, common) -> None`, which adds its parser with `parents=[common]` (that carries --config)
+and sets `func=handler`, where `handler(args) -> int`. `load_settings_from(args)` and `layout()` help.
+A module listed here that doesn't exist is skipped; one that exists but fails to import is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from stack import api
+from stack.install import install
+from stack.layout import StackLayout
+from streaming.config import Settings, load_settings
+from streaming.errors import IotLakeError
+
+EXTENSIONS = ("stack.run",)
+
+
+def layout() -> StackLayout:
+    """The layout from the environment (IOTLAKE_STACK_HOME, IOTLAKE_CACHE) or the defaults."""
+    return StackLayout.default()
+
+
+def load_settings_from(args: argparse.Namespace) -> Settings:
+    return load_settings(getattr(args, "config", None))
+
+
+def _install(args: argparse.Namespace) -> int:
+    install(layout())
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    api.up(load_settings_from(args), layout())
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    api.down(layout())
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    info = api.status(load_settings_from(args), layout())
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(format_status(info))
+    return 0
+
+
+def format_status(info: dict[str, Any]) -> str:
+    """One line per service: name, state, pid, address, log."""
+    lines = []
+    for name in ("kafka", "minio"):
+        svc = info[name]
+        pid = f"pid {svc['pid']}" if svc["pid"] else "-"
+        extra = f" (console {svc['console']})" if "console" in svc else ""
+        lines.append(f"{name:<6} {svc['state']:<14} {pid:<10} {svc['address']}{extra}  log {svc['log']}")
+    lines.append(f"home   {info['home']}  cache {info['cache']}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config", metavar="PATH", help="config YAML (default: $IOTLAKE_CONFIG or config/default.yaml)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m stack", description="Native local stack: Kafka (KRaft) and MinIO on loopback."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser(
+        "install", parents=[common], help="Kafka jars and the MinIO binary, cached outside the clone"
+    ).set_defaults(func=_install)
+    sub.add_parser(
+        "up", parents=[common], help="install, start Kafka and MinIO, create the bucket, keys and topic"
+    ).set_defaults(func=_up)
+    sub.add_parser("down", parents=[common], help="stop the services this stack started").set_defaults(
+        func=_down
+    )
+    status = sub.add_parser("status", parents=[common], help="each service: state, pid, address, log")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(func=_status)
+    for name in EXTENSIONS:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name).register(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; an IotLakeError prints its message (no traceback) and returns its exit code (2)."""
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except IotLakeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

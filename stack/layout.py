@@ -1,0 +1,65 @@
+"""Where the native stack keeps its runtime state (home) and its downloads (cache)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from streaming.config import PROJECT_ROOT
+
+HOME_ENV = "IOTLAKE_STACK_HOME"
+CACHE_ENV = "IOTLAKE_CACHE"
+DEFAULT_CACHE = "~/.cache/iotlake"
+
+
+def default_cache(env: Mapping[str, str] | None = None) -> Path:
+    """The download cache, outside the clone: $IOTLAKE_CACHE or ~/.cache/iotlake."""
+    env = os.environ if env is None else env
+    return Path(env.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+
+
+@dataclass(frozen=True)
+class StackLayout:
+    """Runtime root (`home`: data, logs, pid files) and download cache (`cache`: jars, binaries)."""
+
+    home: Path
+    cache: Path
+
+    @classmethod
+    def default(cls, env: Mapping[str, str] | None = None) -> StackLayout:
+        """home = $IOTLAKE_STACK_HOME or <project>/var; cache = $IOTLAKE_CACHE or ~/.cache/iotlake."""
+        env = os.environ if env is None else env
+        home = Path(env.get(HOME_ENV) or PROJECT_ROOT / "var").expanduser()
+        return cls(home=home.resolve(), cache=default_cache(env).resolve())
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def kafka_home(self) -> Path:
+        return self.home / "kafka"
+
+    @property
+    def kafka_data(self) -> Path:
+        return self.kafka_home / "data"
+
+    @property
+    def minio_data(self) -> Path:
+        return self.home / "minio" / "data"
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    def pidfile(self, name: str) -> Path:
+        return self.run / f"{name}.pid"
+
+    def make_dirs(self) -> None:
+        for d in (self.logs, self.run, self.kafka_data, self.minio_data):
+            d.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,258 @@
+"""Detached service processes: start in a new session, pid files, readiness with deadlines, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stack.addresses import HostPort, bind_host
+from streaming.errors import StackError
+
+
+@dataclass(frozen=True)
+class Service:
+    """A process of the stack: its name, pid file, log file and a marker found in its command line."""
+
+    name: str
+    pidfile: Path
+    log: Path  # where its stdout and stderr go
+    marker: str  # a string of its command line that proves a pid is still this service (pids get reused)
+    extra_logs: tuple[Path, ...] = ()  # logs the service writes itself, shown too when it fails
+
+    def log_tails(self, lines: int = 25) -> str:
+        """The last lines of each non-empty log, each under its path."""
+        parts = []
+        for path in (*self.extra_logs, self.log):
+            text = tail(path, lines)
+            if text.strip():
+                parts.append(f"--- {path} (last lines)\n{text}")
+        return "\n".join(parts) or f"(no output in {self.log})"
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    """The last lines of a log file ('' if missing)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _reap(pid: int) -> None:
+    """Collect an exited child of this process, so it doesn't linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if the process exists and is not a zombie."""
+    _reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def cmdline(pid: int) -> str | None:
+    """The command line of a process, arguments joined by spaces (None without /proc)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def read_pid(service: Service) -> int | None:
+    """The pid in the service's pid file if that process is alive and still is the service, else None."""
+    try:
+        pid = int(service.pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    if not pid_alive(pid):
+        return None
+    cmd = cmdline(pid)
+    if cmd is not None and service.marker not in cmd:
+        return None  # the pid was reused by an unrelated process
+    return pid
+
+
+def port_free(address: HostPort) -> bool:
+    """True if nothing listens on the address (a bind would succeed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind_host(address), address.port))
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise StackError(
+                f"Can't bind {address}: {e}. Is {address.host} an address of this machine?"
+            ) from e
+    return True
+
+
+def require_free_ports(service: str, ports: Mapping[str, HostPort], setting: str) -> None:
+    """Raise a StackError naming the port and the fix if any of `ports` is taken by another process."""
+    for role, address in ports.items():
+        if not port_free(address):
+            raise StackError(
+                f"Can't start {service}: its {role} port {address} is already in use by another process. "
+                f"Find it with `ss -ltnp 'sport = :{address.port}'` and stop it, or choose other ports "
+                f"with {setting}."
+            )
+
+
+def start(
+    service: Service,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> int:
+    """Start argv detached (new session, stdin closed, output appended to the log); write the pid file."""
+    service.log.parent.mkdir(parents=True, exist_ok=True)
+    service.pidfile.parent.mkdir(parents=True, exist_ok=True)
+    with service.log.open("ab") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service.name}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as e:
+            raise StackError(
+                f"Can't start {service.name} ({argv[0]}): {e}. Run `python -m stack install`."
+            ) from e
+    tmp = service.pidfile.with_suffix(".pid.tmp")
+    tmp.write_text(f"{proc.pid}\n")
+    tmp.replace(service.pidfile)
+    return proc.pid
+
+
+def wait_ready(
+    service: Service,
+    pid: int,
+    probe: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+) -> float:
+    """Poll `probe` until it answers True; fail fast if the process dies. Returns the seconds waited."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        if not pid_alive(pid):
+            service.pidfile.unlink(missing_ok=True)
+            raise StackError(f"{service.name} (pid {pid}) exited during start-up.\n{service.log_tails()}")
+        if probe():
+            return time.monotonic() - started
+        if time.monotonic() >= deadline:
+            raise StackError(
+                f"{service.name} (pid {pid}) did not become ready ({what}) within {timeout:.0f}s. It is left "
+                f"running for inspection; stop it with `python -m stack down`.\n{service.log_tails()}"
+            )
+        time.sleep(interval)
+
+
+def stop(service: Service, timeout: float = 30.0) -> int | None:
+    """SIGTERM the service's process group, wait up to `timeout`, then SIGKILL. Returns the pid it stopped."""
+    pid = read_pid(service)
+    if pid is None:
+        service.pidfile.unlink(missing_ok=True)
+        return None
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if pid_alive(pid):
+        _signal_group(pid, signal.SIGKILL)
+        kill_deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < kill_deadline:
+            time.sleep(0.1)
+        if pid_alive(pid):
+            raise StackError(f"{service.name} (pid {pid}) survived SIGKILL. Check `ps -p {pid}` by hand.")
+    service.pidfile.unlink(missing_ok=True)
+    return pid
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal the session the service leads (it was started with a new session); fall back to the pid."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def run_checked(
+    argv: Sequence[str],
+    what: str,
+    fix: str,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    log: Path | None = None,
+) -> str:
+    """Run a command to completion; on failure raise a StackError with its output's tail and the fix.
+
+    With `log`, the output goes to that file (long builds) instead of memory.
+    """
+    env_dict = dict(env) if env is not None else None
+    try:
+        if log is None:
+            done = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                env=env_dict,
+                cwd=cwd,
+            )
+            output, code = done.stdout + done.stderr, done.returncode
+        else:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("w") as f:
+                code = subprocess.run(
+                    list(argv),
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    timeout=timeout,
+                    check=False,
+                    env=env_dict,
+                    cwd=cwd,
+                ).returncode
+            output = tail(log)
+    except subprocess.TimeoutExpired as e:
+        raise StackError(f"{what} took more than {timeout:.0f}s and was stopped. {fix}") from e
+    except OSError as e:
+        raise StackError(f"{what} could not run ({argv[0]}: {e}). {fix}") from e
+    if code != 0:
+        out = "\n".join(output.splitlines()[-25:])
+        where = f" (full output: {log})" if log else ""
+        raise StackError(f"{what} failed (exit {code}){where}. {fix}\n{out}")
+    return output

@@ -1,0 +1,37 @@
+"""Every pinned version of the native stack, in one place."""
+
+from __future__ import annotations
+
+KAFKA_VERSION = "4.2.0"
+SCALA_BINARY_VERSION = "2.13"
+# Kafka 4.2.0 itself depends on log4j-core 2.25.3 and logs through SLF4J 1.7.36, so the binding is the
+# SLF4J 1.x one (log4j-slf4j-impl); log4j-slf4j2-impl would find no SLF4J 2 API and stay silent.
+LOG4J2_VERSION = "2.25.3"
+LOG4J2_SLF4J_BINDING = "log4j-slf4j-impl"
+
+MINIO_MODULE = "github.com/minio/minio"
+# The last upstream commit; the repository is in maintenance mode and its tags are not semver.
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+
+JAVA_MIN_MAJOR = 17
+# Pinned so `mvn` doesn't pick whatever plugin version is newest on the day (needs Maven >= 3.6.3).
+MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+
+VERSIONS: dict[str, str] = {
+    "kafka": KAFKA_VERSION,
+    "scala": SCALA_BINARY_VERSION,
+    "log4j2": LOG4J2_VERSION,
+    "log4j2-slf4j-binding": LOG4J2_SLF4J_BINDING,
+    "minio": MINIO_VERSION,
+    "java-min": str(JAVA_MIN_MAJOR),
+}
+
+
+def maven_properties() -> dict[str, str]:
+    """The -D properties resources/pom.xml expects (it holds no versions itself)."""
+    return {
+        "kafka.version": KAFKA_VERSION,
+        "scala.binary.version": SCALA_BINARY_VERSION,
+        "log4j2.version": LOG4J2_VERSION,
+        "log4j2.slf4j.binding": LOG4J2_SLF4J_BINDING,
+    }

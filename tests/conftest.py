@@ -1,0 +1,125 @@
+"""Fixtures for tests against real services: a separate Kafka + MinIO test stack on free loopback ports.
+
+- `stack_env` (session): starts the test stack with `stack.up()` in a temporary home and yields the env
+  overrides (IOTLAKE_*) that point at it; merged over os.environ they load settings for it and can be
+  passed to subprocesses. Torn down with `stack.down()` at the end (kept with IOTLAKE_TEST_REUSE_STACK=1).
+- `stack_layout`, `stack_secrets` (session): the test stack's StackLayout and its secrets file values.
+- `test_env` (function): os.environ + stack_env + a unique base_uri, topic and checkpoint for one test.
+- `settings` (function): `load_settings(env=test_env)`, its topic created with 6 partitions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaException
+
+from stack import StackLayout, down, ensure_topic, up
+from stack import kafka as stack_kafka
+from stack import proc as stack_proc
+from stack import secrets as stack_secrets_mod
+from stack.layout import HOME_ENV, default_cache
+from streaming.config import PROJECT_ROOT, Settings, load_settings
+from tests.helpers import free_port_pair, port_free
+
+REUSE_ENV = "IOTLAKE_TEST_REUSE_STACK"
+REUSE_HOME = PROJECT_ROOT / "var" / "test-stack"
+
+
+def _ports(layout: StackLayout, reuse: bool) -> tuple[int, int]:
+    """Fresh free ports; with reuse, the saved ones if the stack still runs or they are still free."""
+    saved = layout.home / "ports.json"
+    if reuse and saved.exists():
+        data = json.loads(saved.read_text())
+        kafka, minio = int(data["kafka"]), int(data["minio"])
+        running = stack_proc.read_pid(stack_kafka.service(layout)) is not None
+        if running or all(port_free(p) for p in (kafka, kafka + 1, minio, minio + 1)):
+            return kafka, minio
+    kafka = free_port_pair()
+    minio = free_port_pair({kafka, kafka + 1})
+    saved.write_text(json.dumps({"kafka": kafka, "minio": minio}))
+    return kafka, minio
+
+
+def _overrides(home: Path, kafka_port: int, minio_port: int) -> dict[str, str]:
+    return {
+        HOME_ENV: str(home),
+        "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
+        "IOTLAKE_STORAGE__ENDPOINT": f"http://127.0.0.1:{minio_port}",
+        "IOTLAKE_STORAGE__SECRETS_FILE": str(home / "secrets.env"),
+    }
+
+
+@pytest.fixture(scope="session")
+def stack_layout(tmp_path_factory: pytest.TempPathFactory) -> StackLayout:
+    """Home of the test stack: a temp dir (or var/test-stack with IOTLAKE_TEST_REUSE_STACK=1)."""
+    if os.environ.get(REUSE_ENV) == "1":
+        REUSE_HOME.mkdir(parents=True, exist_ok=True)
+        return StackLayout(home=REUSE_HOME, cache=default_cache())
+    return StackLayout(home=tmp_path_factory.mktemp("stack"), cache=default_cache())
+
+
+@pytest.fixture(scope="session")
+def stack_env(stack_layout: StackLayout) -> Iterator[dict[str, str]]:
+    """Start the test stack; yield the IOTLAKE_* overrides pointing at it (writer keys included)."""
+    reuse = os.environ.get(REUSE_ENV) == "1"
+    kafka_port, minio_port = _ports(stack_layout, reuse)
+    env = _overrides(stack_layout.home, kafka_port, minio_port)
+    settings = load_settings(env={**os.environ, **env})
+    try:
+        up(settings, stack_layout)
+    except BaseException:
+        down(stack_layout, echo=None)
+        raise
+    secrets = stack_secrets_mod.load(Path(env["IOTLAKE_STORAGE__SECRETS_FILE"]))
+    env["IOTLAKE_STORAGE__ACCESS_KEY"] = secrets[stack_secrets_mod.WRITER_ACCESS_KEY]
+    env["IOTLAKE_STORAGE__SECRET_KEY"] = secrets[stack_secrets_mod.WRITER_SECRET_KEY]
+    try:
+        yield env
+    finally:
+        if not reuse:
+            down(stack_layout)
+
+
+@pytest.fixture(scope="session")
+def stack_secrets(stack_env: dict[str, str]) -> dict[str, str]:
+    """All values of the test stack's secrets file (root, writer and reader keys)."""
+    return stack_secrets_mod.load(Path(stack_env["IOTLAKE_STORAGE__SECRETS_FILE"]))
+
+
+@pytest.fixture
+def test_env(stack_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The full environment of one test: os.environ + stack_env + unique base_uri, topic, checkpoint."""
+    base = {**os.environ, **stack_env}
+    bucket = load_settings(env=base).storage.bucket
+    uid = uuid.uuid4().hex[:12]
+    return {
+        **base,
+        "IOTLAKE_STORAGE__BASE_URI": f"s3a://{bucket}/tests/{uid}",
+        "IOTLAKE_KAFKA__TOPIC": f"test-{uid}",
+        "IOTLAKE_KAFKA__PARTITIONS": "6",
+        "IOTLAKE_INGEST__CHECKPOINT_LOCATION": str(tmp_path / "checkpoint"),
+        "IOTLAKE_INGEST__METRICS_PORT": "0",
+    }
+
+
+@pytest.fixture
+def settings(test_env: dict[str, str]) -> Iterator[Settings]:
+    """Settings for one test against the test stack; its topic exists with 6 partitions, all led."""
+    s = load_settings(env=test_env)
+    ensure_topic(s)
+    yield s
+    _delete_topic(s)
+
+
+def _delete_topic(s: Settings) -> None:
+    """Best effort: keeps a reused test stack from piling up topics."""
+    admin = stack_kafka.admin_client(s.kafka.bootstrap_servers)
+    with contextlib.suppress(KafkaException, TimeoutError, RuntimeError):
+        admin.delete_topics([s.kafka.topic], operation_timeout=5)[s.kafka.topic].result(timeout=10)
