@@ -26,6 +26,7 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     Prints one line per step through `echo` (None: silent).
     """
     layout = layout or StackLayout.default()
+    kafka.address(settings), minio.address(settings)  # bad addresses fail before anything is installed
     inst = install(layout, echo)
     layout.make_dirs()
     secrets_path = resolve_path(settings.storage.secrets_file)

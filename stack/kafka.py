@@ -75,6 +75,14 @@ def server_properties(settings: Settings, layout: StackLayout) -> str:
     return "\n".join(lines) + "\n"
 
 
+ADDRESS_KEYS = ("listeners", "advertised.listeners", "controller.quorum.voters", "log.dirs")
+
+
+def _parse_properties(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def service(layout: StackLayout) -> proc.Service:
     return proc.Service(
         name="kafka",
@@ -164,11 +172,14 @@ def check_can_start(settings: Settings, layout: StackLayout) -> int | None:
     pid = proc.read_pid(svc)
     props_path = _properties_path(layout)
     if pid is not None:
-        if props_path.exists() and props_path.read_text() != server_properties(settings, layout):
+        running = _parse_properties(props_path.read_text()) if props_path.exists() else {}
+        wanted = _parse_properties(server_properties(settings, layout))
+        changed = sorted(k for k in ADDRESS_KEYS if running and running.get(k) != wanted[k])
+        if changed:
             raise StackError(
-                f"Kafka is already running (pid {pid}) with other settings than now ({props_path} "
-                "differs, e.g. the ports). Stop it with `python -m stack down`, then run "
-                "`python -m stack up` again."
+                f"Kafka is already running (pid {pid}) with other addresses than the settings ask for "
+                f"({', '.join(f'{k}={running.get(k)}' for k in changed)}). Stop it with "
+                "`python -m stack down`, then run `python -m stack up` again."
             )
         return pid
     listener = kafka_listener(settings.kafka.bootstrap_servers)

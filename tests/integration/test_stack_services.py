@@ -22,6 +22,7 @@ from stack import kafka as stack_kafka
 from stack import secrets as sec
 from stack.addresses import minio_api
 from streaming.config import PROJECT_ROOT, Settings, load_settings
+from streaming.errors import StackError
 from tests.helpers import free_port_pair, wait_for
 
 pytestmark = pytest.mark.integration
@@ -60,8 +61,8 @@ def test_topic_has_six_partitions_and_round_trips(settings: Settings) -> None:
             "enable.auto.commit": False,
         }
     )
-    received: dict[bytes, bytes] = {}
-    partitions: set[int] = set()
+    received: dict[bytes | None, bytes | None] = {}
+    partitions: set[int | None] = set()
 
     def got_all() -> bool:
         msg = consumer.poll(0.5)
@@ -165,6 +166,16 @@ def test_second_up_is_a_no_op(settings: Settings, stack_layout: StackLayout) -> 
     after = status(settings, stack_layout)
     assert [after[n]["pid"] for n in ("kafka", "minio")] == [before[n]["pid"] for n in ("kafka", "minio")]
     assert after["kafka"]["state"] == after["minio"]["state"] == "running"
+
+
+def test_up_refuses_to_reuse_a_stack_running_on_other_ports(
+    test_env: dict[str, str], stack_layout: StackLayout
+) -> None:
+    other = free_port_pair()
+    moved = load_settings(env={**test_env, "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{other}"})
+    with pytest.raises(StackError, match=r"already running .* other addresses"):
+        up(moved, stack_layout, echo=None)
+    assert status(load_settings(env=test_env), stack_layout)["kafka"]["state"] == "running"
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

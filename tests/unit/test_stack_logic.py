@@ -385,3 +385,63 @@ def test_python_dash_m_stack_help_runs() -> None:
     assert done.returncode == 0, done.stderr
     for command in ("install", "up", "down", "status"):
         assert command in done.stdout
+
+
+# --- install with fake tools (no network) ---------------------------------------------------------------
+
+
+def _fake_tool(bin_dir: Path, name: str, script: str) -> None:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+
+
+def test_minio_is_built_with_go_install_into_the_versioned_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = tmp_path / "go-calls"
+    _fake_tool(
+        tmp_path / "bin",
+        "go",
+        f'echo "$@ GOBIN=$GOBIN GOFLAGS=$GOFLAGS" >> {calls}\nprintf "#!/bin/sh\\n" > "$GOBIN/minio"\n'
+        'chmod +x "$GOBIN/minio"\n',
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    layout = StackLayout(home=tmp_path / "home", cache=tmp_path / "cache")
+    binary = stack.install.install_minio(layout, echo=None)
+    version = stack.install.versions.MINIO_VERSION
+    assert binary == tmp_path / "cache" / "minio" / version / "minio"
+    assert (
+        calls.read_text()
+        == f"install github.com/minio/minio@{version} GOBIN={binary.parent} GOFLAGS=-mod=mod\n"
+    )
+    stack.install.install_minio(layout, echo=None)  # cached: go is not called again
+    assert len(calls.read_text().splitlines()) == 1
+
+
+def test_a_failed_maven_run_leaves_no_half_done_kafka_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _fake_tool(tmp_path / "bin", "mvn", 'echo "[ERROR] Could not resolve dependencies"\nexit 1\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    layout = StackLayout(home=tmp_path / "home", cache=tmp_path / "cache")
+    with pytest.raises(StackError, match=r"(?s)failed \(exit 1\).*Maven Central.*Could not resolve"):
+        stack.install.install_kafka(layout, echo=None)
+    assert list((tmp_path / "cache" / "kafka").iterdir()) == []
+
+
+def test_maven_output_is_moved_into_place_whole(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    script = (
+        'for a in "$@"; do case "$a" in -DoutputDirectory=*) out="${a#-DoutputDirectory=}";; esac; done\n'
+        'mkdir -p "$out" && touch "$out/kafka_2.13-4.2.0.jar" "$out/log4j-core-2.25.3.jar"\n'
+    )
+    _fake_tool(tmp_path / "bin", "mvn", script)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    layout = StackLayout(home=tmp_path / "home", cache=tmp_path / "cache")
+    lines: list[str] = []
+    libs = stack.install.install_kafka(layout, echo=lines.append)
+    assert libs == tmp_path / "cache" / "kafka" / "4.2.0" / "libs"
+    assert sorted(p.name for p in libs.iterdir()) == ["kafka_2.13-4.2.0.jar", "log4j-core-2.25.3.jar"]
+    assert [p.name for p in (tmp_path / "cache" / "kafka").iterdir()] == ["4.2.0"]
+    assert lines and "installed" in lines[0]
