@@ -1,0 +1,7 @@
+"""`python -m producers` runs the sensor-sim CLI."""
+
+import sys
+
+from producers.cli import main
+
+sys.exit(main())

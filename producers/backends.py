@@ -1,0 +1,320 @@
+"""Kafka clients behind one small interface: confluent-kafka, kafka-python, and a no-Kafka dry run."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+from producers.errors import BackendUnavailableError, KafkaUnreachableError, UsageError
+from producers.stream import Message
+
+BACKENDS = ("confluent", "kafka-python")
+OnAck = Callable[[Message], None]
+OnFail = Callable[[Message, str], None]
+
+# librdkafka logs through this logger; errors reach the user through error_cb instead.
+_client_log = logging.getLogger("producers.kafka-client")
+_client_log.addHandler(logging.NullHandler())
+_client_log.propagate = False
+
+
+@dataclass(frozen=True)
+class KafkaTarget:
+    """Where and how to produce."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "sensor-readings"
+    delivery_timeout_s: float = 120.0
+    extra_config: Mapping[str, str] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Sends messages; every send ends in exactly one on_ack or on_fail, served by poll() or flush()."""
+
+    name: str
+    last_error: str | None
+
+    def connect(self, timeout_s: float) -> None:
+        """Fetch topic metadata within `timeout_s`, or raise KafkaUnreachableError."""
+
+    def send(self, msg: Message) -> None:
+        """Queue one message (blocks briefly while the client's queue is full)."""
+
+    def poll(self) -> None:
+        """Serve delivery reports that have arrived, without waiting."""
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for outstanding reports up to `timeout_s`; return how many are still unreported."""
+
+    def close(self) -> None:
+        """Release the client."""
+
+
+def unreachable(target: KafkaTarget, timeout_s: float, detail: str | None) -> KafkaUnreachableError:
+    """The error for a broker that did not answer in time."""
+    why = f" (last error: {detail})" if detail else ""
+    return KafkaUnreachableError(
+        f"Kafka at {target.bootstrap_servers} did not answer a metadata request within {timeout_s:g} s{why}. "
+        "Start the local stack with `make up`, or point --bootstrap-servers (SENSOR_SIM_BOOTSTRAP_SERVERS) "
+        "at a running broker"
+    )
+
+
+def topic_missing(target: KafkaTarget) -> KafkaUnreachableError:
+    """The error for a topic the broker neither has nor creates."""
+    return KafkaUnreachableError(
+        f"topic {target.topic!r} does not exist on {target.bootstrap_servers} and the broker does not "
+        "create topics automatically. Create it with `make up` (which creates the project's topic), "
+        "or choose an existing one with --topic (SENSOR_SIM_TOPIC)"
+    )
+
+
+class ConfluentBackend:
+    """confluent-kafka (librdkafka): idempotent, acks=all, lz4, one delivery callback per message."""
+
+    name = "confluent"
+
+    def __init__(self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> None:
+        try:
+            import confluent_kafka
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"--backend confluent needs the confluent-kafka package ({exc}); "
+                "install the project with `make install` or use --backend kafka-python"
+            ) from None
+        self._kafka = confluent_kafka
+        self._target = target
+        self.last_error: str | None = None
+        config: dict[str, Any] = {
+            "bootstrap.servers": target.bootstrap_servers,
+            "client.id": "sensor-sim",
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "lz4",
+            "linger.ms": 20,
+            "partitioner": "murmur2_random",  # same key -> partition as the Java and kafka-python clients
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+            "message.timeout.ms": int(target.delivery_timeout_s * 1000),
+            "error_cb": self._on_error,
+            "logger": _client_log,
+            **target.extra_config,
+        }
+        try:
+            self._producer = confluent_kafka.Producer(config)
+        except confluent_kafka.KafkaException as exc:
+            raise UsageError(f"invalid producer configuration for confluent-kafka: {exc}") from None
+        self._produce = self._producer.produce
+        self._poll = self._producer.poll
+
+        def delivered(msg: Message, err: Any, _record: Any) -> None:
+            if err is None:
+                on_ack(msg)
+            else:
+                on_fail(msg, err.name())
+
+        self._delivered = delivered
+
+    def _on_error(self, err: Any) -> None:
+        self.last_error = err.str() if hasattr(err, "str") else str(err)
+
+    def connect(self, timeout_s: float) -> None:
+        """Metadata for the topic within `timeout_s`, or KafkaUnreachableError."""
+        kafka = self._kafka
+        try:
+            metadata = self._producer.list_topics(topic=self._target.topic, timeout=timeout_s)
+        except kafka.KafkaException as exc:
+            self._poll(0)  # serve error_cb: it names the cause (e.g. connection refused)
+            raise unreachable(self._target, timeout_s, self.last_error or str(exc.args[0])) from None
+        topic = metadata.topics.get(self._target.topic)
+        if topic is None or (
+            topic.error is not None and topic.error.code() == kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
+            raise topic_missing(self._target)
+
+    def send(self, msg: Message) -> None:
+        """produce() with this message's delivery callback; on a full queue, serve reports and retry."""
+        while True:
+            try:
+                self._produce(self._target.topic, msg[1], msg[0], on_delivery=partial(self._delivered, msg))
+                return
+            except BufferError:
+                self._poll(0.1)
+
+    def poll(self) -> None:
+        """Serve delivery callbacks that are ready."""
+        self._poll(0)
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for every delivery report up to `timeout_s`; the number still outstanding."""
+        return int(self._producer.flush(timeout_s))
+
+    def close(self) -> None:
+        """Nothing to release beyond flush()."""
+
+
+class KafkaPythonBackend:
+    """kafka-python: idempotent, acks=all, gzip; reports arrive on its I/O thread and are served by poll()."""
+
+    name = "kafka-python"
+
+    def __init__(self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> None:
+        try:
+            import kafka
+            import kafka.errors
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"--backend kafka-python needs the kafka-python package ({exc}); "
+                "install the project with `make install` or use --backend confluent"
+            ) from None
+        self._kafka = kafka
+        self._target = target
+        self._on_ack = on_ack
+        self._on_fail = on_fail
+        self._reports: deque[tuple[Message, Any]] = deque()
+        self._outstanding = 0
+        self._producer: Any = None
+        self.last_error: str | None = None
+
+    def connect(self, timeout_s: float) -> None:
+        """Bootstrap and fetch the topic's partitions within `timeout_s`, or KafkaUnreachableError."""
+        kafka = self._kafka
+        timeout_ms = max(1, int(timeout_s * 1000))
+        delivery_ms = max(1000, int(self._target.delivery_timeout_s * 1000))
+        config: dict[str, Any] = {
+            "bootstrap_servers": self._target.bootstrap_servers.split(","),
+            "client_id": "sensor-sim",
+            "acks": "all",
+            "enable_idempotence": True,
+            "compression_type": "gzip",
+            "linger_ms": 20,
+            "batch_size": 512 * 1024,
+            "max_block_ms": timeout_ms,
+            "bootstrap_timeout_ms": timeout_ms,
+            "request_timeout_ms": min(30_000, max(500, delivery_ms // 2 - 20)),
+            "delivery_timeout_ms": delivery_ms,
+            **{key.replace(".", "_"): _typed(value) for key, value in self._target.extra_config.items()},
+        }
+        try:
+            self._producer = kafka.KafkaProducer(**config)
+            partitions = self._producer.partitions_for(self._target.topic)
+        except (kafka.errors.KafkaTimeoutError, kafka.errors.BrokerNotAvailableError) as exc:
+            if self._producer is not None and self._topic_absent():
+                raise topic_missing(self._target) from None
+            raise unreachable(self._target, timeout_s, str(exc)) from None
+        except (kafka.errors.KafkaConfigurationError, ValueError, TypeError) as exc:
+            raise UsageError(f"invalid producer configuration for kafka-python: {exc}") from None
+        if not partitions:
+            raise topic_missing(self._target)
+
+    def _topic_absent(self) -> bool:
+        """After a metadata timeout: did the broker answer, just without the topic?"""
+        try:
+            cluster = self._producer._metadata
+            return bool(cluster.brokers()) and self._target.topic not in cluster.topics()
+        except AttributeError:  # kafka-python internals differ: assume the broker is the problem
+            return False
+
+    def _done(self, msg: Message, result: Any) -> None:
+        # On the client's I/O thread: deque.append is thread-safe, accounting stays on the main thread.
+        self._reports.append((msg, result))
+
+    def send(self, msg: Message) -> None:
+        """send() plus a callback that queues the outcome for poll()."""
+        self._outstanding += 1
+        try:
+            future = self._producer.send(self._target.topic, value=msg[1], key=msg[0])
+        except self._kafka.errors.KafkaError as exc:
+            self._reports.append((msg, exc))
+            return
+        future.add_both(self._done, msg)
+
+    def poll(self) -> None:
+        """Account the outcomes the I/O thread has queued."""
+        reports = self._reports
+        while reports:
+            msg, result = reports.popleft()
+            self._outstanding -= 1
+            if isinstance(result, BaseException):
+                self._on_fail(msg, type(result).__name__)
+            else:
+                self._on_ack(msg)
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for every outcome up to `timeout_s`; the number still outstanding."""
+        with contextlib.suppress(self._kafka.errors.KafkaTimeoutError):
+            self._producer.flush(timeout=timeout_s)
+        self.poll()
+        return self._outstanding
+
+    def close(self) -> None:
+        """Close the client without waiting for anything still queued."""
+        if self._producer is not None:
+            self._producer.close(timeout=1)
+
+
+class DryRunBackend:
+    """No Kafka: every message is acknowledged at once (for measuring the generator, and for tests)."""
+
+    name = "dry-run"
+
+    def __init__(self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> None:
+        self.send = on_ack  # type: ignore[assignment]
+        self.last_error: str | None = None
+
+    def connect(self, timeout_s: float) -> None:
+        """Nothing to reach."""
+
+    def send(self, msg: Message) -> None:
+        """Replaced by on_ack in __init__."""
+
+    def poll(self) -> None:
+        """Nothing to serve."""
+
+    def flush(self, timeout_s: float) -> int:
+        """Nothing outstanding."""
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _typed(value: str) -> Any:
+    """A config string as int, float or bool when it looks like one (kafka-python wants typed values)."""
+    lowered = value.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def create_backend(name: str, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> Backend:
+    """The backend called `name` (confluent, kafka-python or dry-run)."""
+    classes: dict[str, Callable[[KafkaTarget, OnAck, OnFail], Backend]] = {
+        "confluent": ConfluentBackend,
+        "kafka-python": KafkaPythonBackend,
+        "dry-run": DryRunBackend,
+    }
+    if name not in classes:
+        raise UsageError(f"--backend {name!r} is unknown; choose {' or '.join(BACKENDS)}")
+    return classes[name](target, on_ack, on_fail)
+
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "ConfluentBackend",
+    "DryRunBackend",
+    "KafkaPythonBackend",
+    "KafkaTarget",
+    "create_backend",
+]
