@@ -387,9 +387,9 @@ def _validate(s: Settings) -> None:
         )
     if s.kafka.max_offsets_per_trigger < 1:
         raise ConfigError("kafka.max_offsets_per_trigger must be >= 1.")
-    if "://" not in s.storage.base_uri:
+    if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:/", s.storage.base_uri):
         raise ConfigError(
-            f"storage.base_uri {s.storage.base_uri!r} needs a scheme, e.g. s3a://BUCKET/prefix or file:///path."
+            f"storage.base_uri {s.storage.base_uri!r} needs a scheme, e.g. s3a://BUCKET/prefix or file:/path."
         )
     parse_duration(s.ingest.trigger_interval, "ingest.trigger_interval")
     for key in ("log_retention", "deleted_file_retention"):

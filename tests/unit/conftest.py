@@ -17,7 +17,7 @@ def local_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     root = tmp_path_factory.mktemp("lake")
     return load_settings(
         env={
-            "IOTLAKE_STORAGE__BASE_URI": f"file://{root}",
+            "IOTLAKE_STORAGE__BASE_URI": f"file:{root}",
             "IOTLAKE_STORAGE__SECRETS_FILE": str(root / "no-secrets.env"),
             "IOTLAKE_SPARK__CONF__spark.sql.shuffle.partitions": "2",
         }

@@ -1,0 +1,241 @@
+"""`make run`: the whole pipeline live on the native stack (Kafka, MinIO, ingest, simulator), then a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from stack import api
+from stack.layout import StackLayout
+from streaming.config import Settings, load_settings
+from streaming.errors import StackError
+from streaming.status import delta_rs_uri, delta_storage_options, stream_status, table_status
+
+REFRESH_S = 2.0
+INGEST_START_TIMEOUT_S = 300.0
+DRAIN_TIMEOUT_S = 180.0
+DEMO_FAULTS = (
+    "--duplicate-rate", "0.02",
+    "--out-of-order-rate", "0.02",
+    "--late-rate", "0.01",
+    "--malformed-rate", "0.01",
+)  # fmt: skip
+
+
+@dataclass
+class Child:
+    """A process `make run` started, with its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    handle: IO[bytes]
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.handle.close()
+        return self.process.returncode
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _spawn(name: str, argv: list[str], layout: StackLayout, env: dict[str, str]) -> Child:
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    log = layout.logs / f"{name}.log"
+    handle = log.open("wb")
+    process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env)
+    return Child(name, process, log, handle)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Sum of each sample name (labels folded) from a Prometheus /metrics page; {} when it doesn't answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def _table_versions(settings: Settings) -> dict[str, int | None]:
+    from deltalake import DeltaTable
+
+    out: dict[str, int | None] = {}
+    t = settings.tables
+    for spec in (t.readings, t.device_state, t.quarantine):
+        try:
+            uri = delta_rs_uri(settings.storage.table_uri(spec.name))
+            out[spec.name] = DeltaTable(uri, storage_options=delta_storage_options(settings)).version()
+        except Exception:  # noqa: BLE001 - not created yet, or MinIO busy: the view shows '-'
+            out[spec.name] = None
+    return out
+
+
+def _wait_for_ingest(child: Child, metrics_url: str) -> None:
+    deadline = time.monotonic() + INGEST_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if child.process.poll() is not None:
+            raise StackError(f"the streaming job exited with {child.process.returncode}:\n{child.tail()}")
+        if scrape(metrics_url).get("iot_ingest_query_up") == 1.0:
+            return
+        time.sleep(0.5)
+    raise StackError(f"the streaming job did not start within {INGEST_START_TIMEOUT_S:.0f} s; see {child.log}")
+
+
+def _live_line(started: float, settings: Settings, metrics: dict[str, float], last: dict[str, Any]) -> str:
+    stream = stream_status(settings)
+    produced = sum(stream.latest_offsets.values())
+    now = time.monotonic()
+    rate = (produced - last.get("produced", 0)) / max(now - last.get("at", started), 1e-6)
+    last.update(produced=produced, at=now)
+    versions = _table_versions(settings)
+    shown = " ".join(f"{name}=v{v if v is not None else '-'}" for name, v in versions.items())
+    return (
+        f"[{now - started:6.0f}s] produced {produced:>9,} ({rate:>8,.0f}/s)  "
+        f"merged {int(metrics.get('iot_ingest_merged_rows_total', 0)):>9,}  "
+        f"quarantined {int(metrics.get('iot_ingest_quarantined_rows_total', 0)):>6,}  "
+        f"lag {stream.total_lag:>7,}  batches {int(metrics.get('iot_ingest_batches_total', 0)):>4}  {shown}"
+    )
+
+
+def _quarantine_by_reason(settings: Settings) -> Counter[str]:
+    from deltalake import DeltaTable
+
+    uri = delta_rs_uri(settings.storage.table_uri(settings.tables.quarantine.name))
+    try:
+        table = DeltaTable(uri, storage_options=delta_storage_options(settings))
+    except Exception:  # noqa: BLE001 - no quarantine table yet
+        return Counter()
+    return Counter(table.to_pyarrow_table(columns=["reason"]).column("reason").to_pylist())
+
+
+def run_pipeline(settings: Settings, layout: StackLayout, duration: float, rate: int, devices: int) -> int:
+    """Start everything, show it live, stop after `duration` seconds (or Ctrl-C), drain, summarize."""
+    api.up(settings, layout)
+    settings = load_settings(settings.source)  # picks up the writer's keys generated by `up`
+    metrics_url = f"http://{settings.ingest.metrics_host}:{settings.ingest.metrics_port}/metrics"
+    env = dict(os.environ)
+    summary_path = layout.home / "sensor-sim-summary.json"
+    print(f"starting the streaming job (log {layout.logs / 'ingest.log'}) ...", flush=True)
+    ingest = _spawn("ingest", [sys.executable, "-m", "streaming.cli", "ingest"], layout, env)
+    sim: Child | None = None
+    started = time.monotonic()
+    interrupted = False
+    try:
+        _wait_for_ingest(ingest, metrics_url)
+        print(f"streaming job up ({time.monotonic() - started:.0f} s); starting sensor-sim at {rate}/s", flush=True)
+        sim_argv = [
+            sys.executable, "-m", "producers",
+            "--bootstrap-servers", settings.kafka.bootstrap_servers,
+            "--topic", settings.kafka.topic,
+            "--rate", str(rate),
+            "--duration", str(duration),
+            "--devices", str(devices),
+            "--summary-json", str(summary_path),
+            *DEMO_FAULTS,
+        ]  # fmt: skip
+        sim = _spawn("sensor-sim", sim_argv, layout, env)
+        started = time.monotonic()
+        last: dict[str, Any] = {}
+        try:
+            while sim.process.poll() is None:
+                print(_live_line(started, settings, scrape(metrics_url), last), flush=True)
+                _sleep_until(sim, REFRESH_S)
+        except KeyboardInterrupt:
+            interrupted = True
+            print("\nCtrl-C: stopping the simulator, then draining the stream ...", flush=True)
+            sim.process.send_signal(signal.SIGINT)
+            sim.process.wait(60)
+        if sim.process.returncode not in (0, None) and not interrupted:
+            print(f"sensor-sim exited with {sim.process.returncode}:\n{sim.tail()}", file=sys.stderr)
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            print(_live_line(started, settings, scrape(metrics_url), last), flush=True)
+            if stream_status(settings).total_lag == 0:
+                break
+            if ingest.process.poll() is not None:
+                raise StackError(f"the streaming job exited with {ingest.process.returncode}:\n{ingest.tail()}")
+            time.sleep(REFRESH_S)
+    finally:
+        if sim is not None:
+            sim.stop()
+        code = ingest.stop(timeout=120)
+    print_summary(settings, layout, summary_path, ingest, code)
+    return 0 if code in (0, None) else 1
+
+
+def _sleep_until(child: Child, seconds: float) -> None:
+    try:
+        child.process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def print_summary(settings: Settings, layout: StackLayout, summary_path: Path, ingest: Child, code: int | None) -> None:
+    sent = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    print("\n=== summary " + "=" * 60)
+    if sent:
+        print(
+            f"sent:        {sent.get('sent_total', 0):,} messages at {sent.get('msgs_per_s', 0):,.0f}/s "
+            f"({sent.get('valid_distinct', 0):,} distinct valid, {sent.get('duplicates', 0):,} duplicates, "
+            f"{sent.get('malformed_total', 0):,} malformed, {sent.get('late', 0):,} late, "
+            f"{sent.get('out_of_order', 0):,} out of order, {sent.get('delivery_failed', 0)} failed)"
+        )
+    t = settings.tables
+    for spec in (t.readings, t.device_state, t.quarantine):
+        s = table_status(settings, spec.name)
+        if s.exists:
+            print(f"{spec.name + ':':<13}{s.rows:>10,} rows  v{s.version}  {s.files} files  {s.uri}")
+        else:
+            print(f"{spec.name + ':':<13}(not created)")
+    reasons = _quarantine_by_reason(settings)
+    if reasons:
+        print("quarantined: " + ", ".join(f"{reason} {n:,}" for reason, n in reasons.most_common()))
+    stream = stream_status(settings)
+    print(f"stream:      last batch {stream.last_batch_id}, lag {stream.total_lag}, checkpoint {stream.checkpoint}")
+    print(f"ingest exit: {code}  (log {ingest.log})")
+    print(
+        "next:        `make status`, `.venv/bin/iotlake status`, MinIO console at "
+        f"http://{settings.storage.endpoint.split('://')[-1].rsplit(':', 1)[0]}:"
+        f"{int(settings.storage.endpoint.rsplit(':', 1)[1]) + 1} (root login in {settings.storage.secrets_file}), "
+        "`make down` to stop Kafka and MinIO"
+    )
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    parser = sub.add_parser(
+        "run", parents=[common], help="the whole pipeline live (stack, ingest, simulator), then a summary"
+    )
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds of simulated traffic (default 120)")
+    parser.add_argument("--rate", type=int, default=5000, help="events per second from sensor-sim (default 5000)")
+    parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from stack.cli import layout, load_settings_from
+
+    return run_pipeline(load_settings_from(args), layout(), args.duration, args.rate, args.devices)

@@ -1,0 +1,98 @@
+"""Helpers for pipeline tests: run the real CLIs, read the real tables with the read-only key."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+
+from producers.cli import main as sensor_sim
+from stack import secrets as stack_secrets
+from streaming.config import Settings
+from streaming.preflight import minio_client
+from streaming.status import delta_rs_uri, delta_storage_options
+
+# What the streaming job must answer to each malformed kind the simulator sends.
+REASON_BY_KIND = {
+    "not_json": "malformed_json",
+    "wrong_type": "wrong_type:air_temperature_c",
+    "missing_field": "missing_field:device_id",
+    "out_of_range": "out_of_range:air_temperature_c",
+    "future_time": "event_time_in_future",
+    "ancient_time": "event_time_too_old",
+}
+
+
+def simulate(settings: Settings, out: Path, *flags: str, count: int = 20_000, seed: int = 7) -> dict[str, Any]:
+    """Run sensor-sim against the test topic; its summary JSON (exact counts of what was acknowledged)."""
+    summary = out / f"summary-{seed}.json"
+    start = datetime.now(UTC) - timedelta(minutes=30)
+    argv = [
+        "--bootstrap-servers", settings.kafka.bootstrap_servers,
+        "--topic", settings.kafka.topic,
+        "--count", str(count),
+        "--rate", "0",
+        "--seed", str(seed),
+        "--devices", "40",
+        "--parcels", "5",
+        "--start-time", start.isoformat(),
+        "--time-step-ms", "10",
+        "--summary-json", str(summary),
+        "--quiet",
+        *flags,
+    ]
+    code = sensor_sim(argv)
+    assert code == 0, f"sensor-sim exited {code}"
+    return json.loads(summary.read_text())
+
+
+def run_ingest(env: Mapping[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """`iotlake ingest --available-now` as its own process (its own JVM), the way a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "streaming.cli", "ingest", "--available-now", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def reader_options(settings: Settings, secrets: Mapping[str, str]) -> dict[str, str]:
+    """delta-rs options with the read-only key: what another engine would use."""
+    return delta_storage_options(
+        settings, secrets[stack_secrets.READER_ACCESS_KEY], secrets[stack_secrets.READER_SECRET_KEY]
+    )
+
+
+def read_table(settings: Settings, name: str, secrets: Mapping[str, str]) -> list[dict[str, Any]]:
+    uri = delta_rs_uri(settings.storage.table_uri(name))
+    table = DeltaTable(uri, storage_options=reader_options(settings, secrets))
+    return table.to_pyarrow_table().to_pylist()
+
+
+def delta_log_actions(settings: Settings, name: str, kind: str) -> list[dict[str, Any]]:
+    """Every action of one kind ('txn', 'commitInfo', ...) in a table's JSON commit files, in order."""
+    s = settings.storage
+    prefix = s.base_uri.removeprefix(f"s3a://{s.bucket}/").rstrip("/")
+    client = minio_client(settings)
+    found: list[dict[str, Any]] = []
+    objects = client.list_objects(s.bucket, prefix=f"{prefix}/{name}/_delta_log/")
+    for obj in sorted(objects, key=lambda o: o.object_name):
+        if not obj.object_name.endswith(".json"):
+            continue
+        body = client.get_object(s.bucket, obj.object_name).read().decode()
+        for line in body.splitlines():
+            action = json.loads(line)
+            if kind in action:
+                found.append(action[kind])
+    return found
+
+
+def explain(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"

@@ -1,0 +1,69 @@
+"""Crash and replay: SIGKILL the driver after a batch's Delta commits, before the checkpoint commit."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from streaming.config import Settings
+from tests.integration.lake import delta_log_actions, explain, read_table, run_ingest, simulate
+from tests.integration.test_pipeline import FAULTS, assert_tables_match
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CRASH_BATCH = 1
+
+
+def crash_then_restart(test_env: dict[str, str], exactly_once: bool) -> None:
+    env = {
+        **test_env,
+        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "4000",
+        "IOTLAKE_INGEST__EXACTLY_ONCE": str(exactly_once).lower(),
+    }
+    crashed = run_ingest({**env, "IOTLAKE_INGEST__CRASH_AFTER_BATCH": str(CRASH_BATCH)})
+    assert crashed.returncode == -signal.SIGKILL, explain(crashed)
+    assert f"crash_after_batch={CRASH_BATCH}" in crashed.stderr
+    # The batch's offsets were logged and its Delta commits made, but the checkpoint never committed it.
+    checkpoint = Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"])
+    assert (checkpoint / "offsets" / str(CRASH_BATCH)).exists()
+    assert not (checkpoint / "commits" / str(CRASH_BATCH)).exists()
+    assert (checkpoint / "commits" / str(CRASH_BATCH - 1)).exists()
+
+    restarted = run_ingest(env)
+    assert restarted.returncode == 0, explain(restarted)
+
+
+def test_crash_after_commit_then_replay_is_exactly_once(
+    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+) -> None:
+    summary = simulate(settings, tmp_path, *FAULTS, count=16_000)
+    crash_then_restart(test_env, exactly_once=True)
+    assert_tables_match(settings, stack_secrets, summary)
+
+    # One transaction record per batch and table: the replayed batch committed nothing new.
+    for table in ("readings", "device_state", "quarantine"):
+        txns = delta_log_actions(settings, table, "txn")
+        per_batch = Counter((t["appId"], t["version"]) for t in txns)
+        assert per_batch, f"{table}: no transaction records"
+        assert max(per_batch.values()) == 1, f"{table}: a batch committed twice: {per_batch}"
+        versions = sorted(v for _, v in per_batch)
+        assert CRASH_BATCH in versions, f"{table}: the crashed batch's commit is missing"
+        assert len({app for app, _ in per_batch}) == 1, f"{table}: the app id changed across the restart"
+
+
+def test_negative_control_without_transaction_ids_duplicates_the_replayed_batch(
+    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+) -> None:
+    """The same crash with exactly_once off must show a difference, or the test above proves nothing."""
+    summary = simulate(settings, tmp_path, *FAULTS, count=16_000)
+    crash_then_restart(test_env, exactly_once=False)
+    quarantine = read_table(settings, "quarantine", stack_secrets)
+    coordinates = Counter((q["kafka_partition"], q["kafka_offset"]) for q in quarantine)
+    assert len(quarantine) > summary["malformed_total"]
+    assert max(coordinates.values()) == 2, "the replayed batch's quarantine rows should be there twice"
+    assert {q["ingest_batch_id"] for q in quarantine if coordinates[(q["kafka_partition"], q["kafka_offset"])] == 2} == {
+        CRASH_BATCH
+    }

@@ -1,0 +1,225 @@
+"""Batch logic on small DataFrames: every validation rule and action, dedup, ordering (local Spark, no services)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from streaming import batch
+from streaming.config import Settings, load_settings
+from streaming.rules import Rules
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+NOW_MS = int(NOW.timestamp() * 1000)
+INFO = batch.BatchInfo(7, NOW)
+RAW_SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
+
+
+def event(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "schema_version": 1,
+        "event_id": "e-1",
+        "device_id": "dev-1",
+        "parcel_id": "parcel-1",
+        "seq": 1,
+        "event_time": NOW_MS - 1000,
+        "air_temperature_c": 20.5,
+        "air_humidity_pct": 55.0,
+        "soil_nitrogen_mg_kg": 30.0,
+        "soil_salinity_ds_m": 1.2,
+        "battery_v": 3.7,
+    }
+    base.update(changes)
+    return {k: v for k, v in base.items() if v is not DROP}
+
+
+DROP = object()
+
+
+def encode(e: dict[str, Any]) -> bytes:
+    return json.dumps(e).encode()
+
+
+def kafka_rows(spark: SparkSession, values: list[bytes | None], partition: int = 0) -> DataFrame:
+    rows = [(b"k", v, "t", partition, offset, NOW) for offset, v in enumerate(values)]
+    return spark.createDataFrame(rows, RAW_SCHEMA)
+
+
+def outcomes(spark: SparkSession, values: list[bytes | None], rules: Rules) -> list[tuple[list[str], str]]:
+    validated = batch.validate(kafka_rows(spark, values), rules, INFO)
+    return [(list(r.reasons), r.action) for r in validated.orderBy("offset").select("reasons", "action").collect()]
+
+
+@pytest.fixture(scope="module")
+def rules(local_settings: Settings) -> Rules:
+    return Rules.from_settings(local_settings)
+
+
+CASES: list[tuple[str, bytes | None, list[str]]] = [
+    ("valid", encode(event()), []),
+    ("number as string", encode(event(air_temperature_c="21.5")), ["wrong_type:air_temperature_c"]),
+    ("seq as string", encode(event(seq="12")), ["wrong_type:seq"]),
+    ("missing device", encode(event(device_id=DROP)), ["missing_field:device_id"]),
+    ("null device", encode(event(device_id=None)), ["missing_field:device_id"]),
+    ("blank device", encode(event(device_id="  ")), ["missing_field:device_id"]),
+    ("hot", encode(event(air_temperature_c=500)), ["out_of_range:air_temperature_c"]),
+    ("negative humidity", encode(event(air_humidity_pct=-1)), ["out_of_range:air_humidity_pct"]),
+    ("year 2100", encode(event(event_time=4102444800000)), ["event_time_in_future"]),
+    ("year 1970", encode(event(event_time=86400000)), ["event_time_too_old"]),
+    ("schema v7", encode(event(schema_version=7)), ["unknown_schema_version"]),
+    ("extra field", encode(event(wind_ms=3.2)), ["unexpected_field:wind_ms"]),
+    ("not json", b'{"event_id": "x", broken', ["malformed_json"]),
+    ("empty", b"", ["empty_value"]),
+    ("null", None, ["empty_value"]),
+    ("invalid utf8", b"\xff\xfe\xfa", ["invalid_utf8"]),
+    ("array", b"[1, 2]", ["not_json_object"]),
+    ("scalar", b"42", ["not_json_object"]),
+    ("deep nesting", b'{"a":' * 3000 + b"1" + b"}" * 3000, ["malformed_json"]),
+    ("too large", encode(event(parcel_id="p" * 70000)), ["message_too_large"]),
+]
+
+
+def test_every_rule_gives_exactly_its_reason(spark: SparkSession, rules: Rules) -> None:
+    got = outcomes(spark, [value for _, value, _ in CASES], rules)
+    for (name, _, expected), (reasons, action) in zip(CASES, got, strict=True):
+        assert reasons == expected, name
+        assert action == ("ok" if not expected else "quarantine"), name
+
+
+def test_future_skew_and_lateness_bounds_are_inclusive_of_the_allowance(spark: SparkSession, rules: Rules) -> None:
+    values = [
+        encode(event(event_time=NOW_MS + rules.max_future_skew_ms)),
+        encode(event(event_time=NOW_MS + rules.max_future_skew_ms + 1)),
+        encode(event(event_time=NOW_MS - rules.max_lateness_ms)),
+        encode(event(event_time=NOW_MS - rules.max_lateness_ms - 1)),
+    ]
+    got = [reasons for reasons, _ in outcomes(spark, values, rules)]
+    assert got == [[], ["event_time_in_future"], [], ["event_time_too_old"]]
+
+
+def test_actions_warn_drop_and_fail(spark: SparkSession, local_settings: Settings) -> None:
+    settings = replace(
+        local_settings,
+        validation=replace(
+            local_settings.validation,
+            actions={"out_of_range": "warn", "event_time_too_old": "drop", "event_time_in_future": "fail"},
+        ),
+    )
+    rules = Rules.from_settings(settings)
+    values = [
+        encode(event(air_temperature_c=500)),
+        encode(event(event_time=86400000)),
+        encode(event(event_time=4102444800000)),
+        encode(event(air_temperature_c=500, event_time=4102444800000)),  # the worst action wins
+    ]
+    assert [a for _, a in outcomes(spark, values, rules)] == ["warn", "drop", "fail", "fail"]
+
+
+def test_warned_rows_are_kept_with_their_warnings(spark: SparkSession, local_settings: Settings) -> None:
+    settings = replace(local_settings, validation=replace(local_settings.validation, actions={"out_of_range": "warn"}))
+    rules = Rules.from_settings(settings)
+    validated = batch.validate(kafka_rows(spark, [encode(event(air_temperature_c=500))]), rules, INFO)
+    rows = batch.readings(validated, rules, INFO).collect()
+    assert len(rows) == 1
+    assert rows[0].warnings == ["out_of_range:air_temperature_c"]
+
+
+def test_readings_dedup_within_batch_keeps_the_first_by_kafka_position(spark: SparkSession, rules: Rules) -> None:
+    values = [encode(event(event_id="a", seq=1)), encode(event(event_id="b", seq=2)), encode(event(event_id="a", seq=1))]
+    raw = kafka_rows(spark, values, partition=3)
+    rows = batch.readings(batch.validate(raw, rules, INFO), rules, INFO).orderBy("event_id").collect()
+    assert [(r.event_id, r.kafka_offset) for r in rows] == [("a", 0), ("b", 1)]
+    assert rows[0].event_time == datetime.fromtimestamp((NOW_MS - 1000) / 1000, UTC).replace(tzinfo=None)
+    assert str(rows[0].event_date) == "2026-11-30"
+    assert rows[0].ingest_batch_id == 7
+
+
+def test_latest_per_device_orders_by_event_time_then_seq(spark: SparkSession, rules: Rules) -> None:
+    values = [
+        encode(event(event_id="new", device_id="d1", seq=5, event_time=NOW_MS - 1000)),
+        encode(event(event_id="late", device_id="d1", seq=9, event_time=NOW_MS - 3_600_000)),
+        encode(event(event_id="tie-low", device_id="d2", seq=1, event_time=NOW_MS - 500)),
+        encode(event(event_id="tie-high", device_id="d2", seq=2, event_time=NOW_MS - 500)),
+    ]
+    raw = kafka_rows(spark, values)
+    latest = batch.latest_per_device(batch.readings(batch.validate(raw, rules, INFO), rules, INFO))
+    assert {r.device_id: r.event_id for r in latest.collect()} == {"d1": "new", "d2": "tie-high"}
+
+
+def test_quarantine_keeps_raw_bytes_text_and_coordinates(spark: SparkSession, rules: Rules) -> None:
+    values = [b"\xff\xfe", b"not json", encode(event())]
+    rows = batch.quarantine(batch.validate(kafka_rows(spark, values), rules, INFO), INFO).orderBy("kafka_offset")
+    got = rows.collect()
+    assert [(bytes(r.raw_value), r.value_text, r.reason, r.kafka_offset) for r in got] == [
+        (b"\xff\xfe", None, "invalid_utf8", 0),
+        (b"not json", "not json", "malformed_json", 1),
+    ]
+    assert all(str(r.ingest_date) == "2026-11-30" for r in got)
+
+
+def test_unusual_ids_pass_through_intact(spark: SparkSession, rules: Rules) -> None:
+    odd = ["quote'd", 'dq"id', "back`tick", "with space", "emoji 🚀🌱", "semi;colon -- DROP TABLE x"]
+    values = [encode(event(event_id=i, device_id=i, parcel_id=i)) for i in odd]
+    rows = batch.readings(batch.validate(kafka_rows(spark, values), rules, INFO), rules, INFO).collect()
+    assert sorted(r.event_id for r in rows) == sorted(odd)
+    assert all(r.device_id == r.event_id == r.parcel_id for r in rows)
+
+
+def test_schema_evolution_allows_new_fields_and_infers_types(spark: SparkSession, local_settings: Settings) -> None:
+    settings = replace(local_settings, schema_evolution=replace(local_settings.schema_evolution, add_new_fields=True))
+    rules = Rules.from_settings(settings)
+    values = [
+        encode(event(event_id="a", wind_ms=3)),
+        encode(event(event_id="b", wind_ms=3.5, label="north")),
+        encode(event(event_id="c", nested={"x": 1})),
+        encode(event(event_id="d", **{"bad name": 1})),
+    ]
+    validated = batch.validate(kafka_rows(spark, values), rules, INFO)
+    assert all(r.action == "ok" for r in validated.collect())
+    names = sorted(r[0] for r in validated.selectExpr("explode(json_keys)").distinct().collect())
+    new = [n for n in names if n not in rules.known_fields]
+    columns, refused = batch.infer_new_columns(validated, new)
+    assert {c.name: c.type.simpleString() for c in columns} == {"label": "string", "wind_ms": "double"}
+    assert sorted(refused) == ["bad name", "nested"]
+    evolved = replace(rules, extra_columns=tuple(columns), refused_fields=tuple(refused))
+    again = batch.validate(kafka_rows(spark, values), evolved, INFO)
+    got = {r.offset: list(r.reasons) for r in again.collect()}
+    assert got == {0: [], 1: [], 2: ["unexpected_field:nested"], 3: ["unexpected_field:bad name"]}
+    rows = {r.event_id: r for r in batch.readings(again, evolved, INFO).collect()}
+    assert rows["a"].wind_ms == 3.0 and rows["b"].label == "north"
+
+
+def test_type_conflict_with_an_evolved_column_is_quarantined(spark: SparkSession, local_settings: Settings) -> None:
+    from pyspark.sql import types as T
+
+    from streaming.schema import Column
+
+    settings = replace(local_settings, schema_evolution=replace(local_settings.schema_evolution, add_new_fields=True))
+    rules = replace(Rules.from_settings(settings), extra_columns=(Column("wind_ms", T.DoubleType(), ""),))
+    got = outcomes(spark, [encode(event(wind_ms="windy"))], rules)
+    assert got == [(["wrong_type:wind_ms"], "quarantine")]
+
+
+def test_outcome_counts(spark: SparkSession, rules: Rules) -> None:
+    values = [encode(event()), encode(event(event_id="x")), b"nope", encode(event(device_id=DROP))]
+    counts = {(r.action, tuple(r.reasons)): r["count"] for r in batch.outcome_counts(
+        batch.validate(kafka_rows(spark, values), rules, INFO)
+    ).collect()}
+    assert counts == {
+        ("ok", ()): 2,
+        ("quarantine", ("malformed_json",)): 1,
+        ("quarantine", ("missing_field:device_id",)): 1,
+    }
+
+
+def test_rules_follow_config(tmp_path: Any) -> None:
+    settings = load_settings(env={"IOTLAKE_VALIDATION__RANGES": "{battery_v: {min: 1, max: 2}}"})
+    rules = Rules.from_settings(settings)
+    assert dict(rules.ranges).keys() == {"battery_v"}

@@ -1,0 +1,98 @@
+"""Config loading: YAML defaults, environment overrides, secrets, and clear errors for bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streaming.config import load_settings, parse_duration
+from streaming.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_load_from_committed_yaml() -> None:
+    s = load_settings(env={})
+    assert s.kafka.topic == "sensor-readings"
+    assert s.kafka.partitions == 6
+    assert s.storage.bucket == "iotlake"
+    assert s.tables.readings.partition_by == ("event_date",)
+    assert s.validation.ranges["air_temperature_c"].max == 70
+
+
+def test_env_overrides_nested_keys_and_parse_scalars() -> None:
+    s = load_settings(
+        env={
+            "IOTLAKE_KAFKA__PARTITIONS": "3",
+            "IOTLAKE_KAFKA__TOPIC": "t1",
+            "IOTLAKE_INGEST__EXACTLY_ONCE": "false",
+            "IOTLAKE_VALIDATION__SCHEMA_VERSIONS": "[1, 2]",
+            "IOTLAKE_SPARK__CONF__spark.sql.shuffle.partitions": "8",
+        }
+    )
+    assert s.kafka.partitions == 3
+    assert s.kafka.topic == "t1"
+    assert s.ingest.exactly_once is False
+    assert s.validation.schema_versions == (1, 2)
+    assert s.spark.conf["spark.sql.shuffle.partitions"] == "8"
+
+
+def test_secrets_come_from_env_or_the_generated_file(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text("IOTLAKE_WRITER_ACCESS_KEY=fromfile\nIOTLAKE_WRITER_SECRET_KEY=s3cret\n")
+    s = load_settings(env={"IOTLAKE_STORAGE__SECRETS_FILE": str(secrets)})
+    assert (s.storage.access_key, s.storage.secret_key) == ("fromfile", "s3cret")
+    s = load_settings(
+        env={
+            "IOTLAKE_STORAGE__SECRETS_FILE": str(secrets),
+            "IOTLAKE_STORAGE__ACCESS_KEY": "fromenv",
+            "IOTLAKE_STORAGE__SECRET_KEY": "x",
+        }
+    )
+    assert s.storage.access_key == "fromenv"
+
+
+def test_masked_config_hides_secrets(tmp_path: Path) -> None:
+    s = load_settings(env={"IOTLAKE_STORAGE__ACCESS_KEY": "AKIA-SECRET", "IOTLAKE_STORAGE__SECRET_KEY": "TOPSECRET"})
+    text = s.to_json()
+    assert "TOPSECRET" not in text and "AKIA-SECRET" not in text
+    assert s.masked()["storage"]["secret_key"] == "***"
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"IOTLAKE_KAFKA__PARTITIONS": "many"}, "kafka.partitions"),
+        ({"IOTLAKE_KAFKA__STARTING_OFFSETS": "middle"}, "kafka.starting_offsets"),
+        ({"IOTLAKE_KAFKA__BOGUS": "1"}, "kafka.bogus"),
+        ({"IOTLAKE_VALIDATION__ACTIONS__OUT_OF_RANGE": "explode"}, "validation.actions.out_of_range"),
+        ({"IOTLAKE_VALIDATION__ACTIONS__MISSING_FIELD": "warn"}, "validation.actions.missing_field"),
+        ({"IOTLAKE_VALIDATION__ACTIONS__NO_SUCH_RULE": "drop"}, "unknown rule"),
+        ({"IOTLAKE_VALIDATION__MAX_LATENESS": "forever"}, "validation.max_lateness"),
+        ({"IOTLAKE_INGEST__EXACTLY_ONCE": "maybe"}, "ingest.exactly_once"),
+        ({"IOTLAKE_STORAGE__BASE_URI": "bucket/path"}, "storage.base_uri"),
+        ({"IOTLAKE_VALIDATION__REQUIRED": "[device_id]"}, "validation.required"),
+    ],
+)
+def test_bad_values_name_the_key(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(env=env)
+    assert needle in str(info.value)
+
+
+def test_missing_file_and_bad_yaml_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.yaml", env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kafka: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(bad, env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5 minutes", 300), ("7 days", 604800), ("interval 30 days", 2592000), ("250 ms", 0.25), (12, 12), ("2h", 7200)],
+)
+def test_durations(text: str | int, seconds: float) -> None:
+    assert parse_duration(text, "k") == seconds

@@ -1,0 +1,106 @@
+"""Delta writes on a local folder: dedup MERGE, SEQUENCE BY upsert, and transaction ids making replays no-ops."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from streaming import batch
+from streaming.config import Settings
+from streaming.rules import Rules
+from streaming.tables import LakeTables, Txn, readings_merge_condition
+from tests.unit.test_batch import NOW, NOW_MS, encode, event, kafka_rows
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def tables(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> LakeTables:
+    settings = replace(local_settings, storage=replace(local_settings.storage, base_uri=f"file:{tmp_path}"))
+    lake = LakeTables(spark, settings)
+    lake.ensure()
+    return lake
+
+
+def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dict], txn: bool = True) -> None:
+    rules = Rules.from_settings(lake.settings)
+    info = batch.BatchInfo(batch_id, NOW)
+    validated = batch.validate(kafka_rows(spark, [encode(e) for e in events]), rules, info)
+    rows = batch.readings(validated, rules, info)
+    dates = [r[0] for r in rows.select("event_date").distinct().collect()]
+    lake.merge_readings(rows, dates, None, Txn("q-readings", batch_id) if txn else None, evolve=False)
+    lake.upsert_device_state(
+        batch.latest_per_device(rows), Txn("q-device_state", batch_id) if txn else None, evolve=False
+    )
+
+
+def test_tables_are_created_with_properties_partitions_and_comments(spark: SparkSession, tables: LakeTables) -> None:
+    detail = DeltaTable.forPath(spark, tables.readings_uri).detail().first()
+    assert detail.partitionColumns == ["event_date"]
+    assert detail.properties["delta.enableChangeDataFeed"] == "true"
+    assert detail.properties["delta.deletedFileRetentionDuration"] == "interval 7 days"
+    schema = DeltaTable.forPath(spark, tables.quarantine_uri).toDF().schema
+    assert schema["reasons"].metadata["comment"] == "Every rule the record failed"
+    tables.ensure()  # idempotent
+    assert DeltaTable.forPath(spark, tables.readings_uri).history().count() == 1
+
+
+def test_readings_merge_ignores_events_already_in_the_table(spark: SparkSession, tables: LakeTables) -> None:
+    write(tables, spark, 0, [event(event_id="a"), event(event_id="b", seq=2)])
+    write(tables, spark, 1, [event(event_id="b", seq=2), event(event_id="c", seq=3)])
+    ids = sorted(r.event_id for r in spark.read.format("delta").load(tables.readings_uri).collect())
+    assert ids == ["a", "b", "c"]
+
+
+def test_replayed_batch_changes_nothing(spark: SparkSession, tables: LakeTables) -> None:
+    write(tables, spark, 0, [event(event_id="a", seq=1)])
+    versions = (tables.version(tables.readings_uri), tables.version(tables.device_state_uri))
+    # Same batch id, different content: with the transaction id Delta must skip both writes.
+    write(tables, spark, 0, [event(event_id="z", seq=9, event_time=NOW_MS)])
+    assert (tables.version(tables.readings_uri), tables.version(tables.device_state_uri)) == versions
+    assert [r.event_id for r in spark.read.format("delta").load(tables.readings_uri).collect()] == ["a"]
+    # Without it, the replay is written: the negative control for the check above.
+    write(tables, spark, 0, [event(event_id="z", seq=9, event_time=NOW_MS)], txn=False)
+    assert spark.read.format("delta").load(tables.readings_uri).count() == 2
+
+
+def test_device_state_never_goes_back_in_time(spark: SparkSession, tables: LakeTables) -> None:
+    write(tables, spark, 0, [event(event_id="new", device_id="d1", seq=5, event_time=NOW_MS - 1000)])
+    write(tables, spark, 1, [event(event_id="late", device_id="d1", seq=6, event_time=NOW_MS - 3_600_000)])
+    write(tables, spark, 2, [event(event_id="d2-first", device_id="d2", seq=1)])
+    state = {r.device_id: r.event_id for r in spark.read.format("delta").load(tables.device_state_uri).collect()}
+    assert state == {"d1": "new", "d2": "d2-first"}
+    write(tables, spark, 3, [event(event_id="newer", device_id="d1", seq=7, event_time=NOW_MS - 10)])
+    state = {r.device_id: r.event_id for r in spark.read.format("delta").load(tables.device_state_uri).collect()}
+    assert state["d1"] == "newer"
+
+
+def test_merge_condition_carries_literal_partitions_and_time_range() -> None:
+    low = datetime(2026, 11, 30, 1, tzinfo=UTC)
+    cond = readings_merge_condition([date(2026, 11, 30), date(2026, 11, 29), date(2026, 11, 30)], (low, low + timedelta(hours=1)))
+    text = str(cond)
+    assert "in(t.event_date, 2026-11-29, 2026-11-30)" in text  # literal, sorted, deduplicated
+    assert ">=(t.event_time, 2026-11-30 01:00:00" in text and "<=(t.event_time, 2026-11-30 02:00:00" in text
+    assert "=(t.event_id, s.event_id)" in text
+
+
+def test_merge_condition_never_splices_message_text(spark: SparkSession, tables: LakeTables) -> None:
+    evil = "x') OR 1=1 --"
+    write(tables, spark, 0, [event(event_id="keep")])
+    write(tables, spark, 1, [event(event_id=evil, device_id=evil, seq=2)])
+    ids = sorted(r.event_id for r in spark.read.format("delta").load(tables.readings_uri).collect())
+    assert ids == ["keep", evil]
+
+
+def test_quarantine_append_is_idempotent_per_transaction(spark: SparkSession, tables: LakeTables) -> None:
+    rules = Rules.from_settings(tables.settings)
+    info = batch.BatchInfo(0, NOW)
+    bad = batch.quarantine(batch.validate(kafka_rows(spark, [b"nope", b""]), rules, info), info)
+    tables.append_quarantine(bad, Txn("q-quarantine", 0))
+    tables.append_quarantine(bad, Txn("q-quarantine", 0))
+    assert spark.read.format("delta").load(tables.quarantine_uri).count() == 2
