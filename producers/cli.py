@@ -107,10 +107,15 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
 
     def add(group: Any, flag: str, help_text: str, default: Any = None, **kwargs: Any) -> None:
+        """A flag whose default is its environment variable, if set (converted by `type`)."""
         name = env_name(flag)
         shown = f" (default: {default})" if default is not None else ""
         help_text = f"{help_text}{shown} [env: {name}]"
         group.add_argument(flag, default=env.get(name, default), help=help_text, **kwargs)
+
+    def add_late_env(group: Any, flag: str, help_text: str, env_note: str = "", **kwargs: Any) -> None:
+        """A flag (boolean or repeatable) whose environment fallback parse_config applies itself."""
+        group.add_argument(flag, help=f"{help_text} [env: {env_name(flag)}{env_note}]", **kwargs)
 
     def number(
         group: Any, flag: str, help_text: str, default: Any, cast: Callable[[str], Any] = float
@@ -129,14 +134,17 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     add(kafka, "--backend", f"Kafka client: {' or '.join(BACKENDS)}", "confluent", choices=BACKENDS)
     number(kafka, "--connect-timeout", "seconds to wait for Kafka's metadata answer before giving up", 10.0)
     number(kafka, "--delivery-timeout", "seconds a message may wait for its acknowledgement", 120.0)
-    kafka.add_argument(
+    add_late_env(
+        kafka,
         "--producer-config",
+        "extra client setting, repeatable, e.g. security.protocol=SSL",
+        ", comma-separated",
         action="append",
         metavar="KEY=VALUE",
-        help="extra client setting, repeatable, e.g. security.protocol=SSL "
-        f"[env: {env_name('--producer-config')}, comma-separated]",
     )
-    add(kafka, "--dry-run", "generate and count without Kafka (measures the generator)", action="store_true")
+    add_late_env(
+        kafka, "--dry-run", "generate and count without Kafka (measures the generator)", action="store_true"
+    )
 
     sim = parser.add_argument_group("simulation")
     number(sim, "--devices", "number of devices", 100, int)
@@ -170,10 +178,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         metavar="TIME",
     )
     number(sim, "--time-step-ms", "simulated ms between events when --rate is 0 (else 1000/rate)", 1.0)
-    add(
+    add_late_env(
         sim,
         "--add-field",
         "schema drift: every valid event also carries NAME with a float value; repeatable",
+        ", comma-separated",
         action="append",
         metavar="NAME",
     )
@@ -397,6 +406,7 @@ def _send_all(
     send = backend.send
     now = monotonic()
     bucket = TokenBucket(config.rate, now)
+    batch_tokens = bucket.batch()
     deadline = now + config.duration_s if config.duration_s is not None else math.inf
     interval = config.progress_interval_s
     next_progress = now + interval
@@ -417,7 +427,8 @@ def _send_all(
                 if batch < granted:
                     return produced, False
             else:
-                sleep(max(0.001, min(bucket.wait_s(), next_progress - now, deadline - now)))
+                # Wait for a few milliseconds' worth of tokens: a sleep per batch, not per message.
+                sleep(max(0.001, min(bucket.wait_s(batch_tokens), next_progress - now, deadline - now)))
                 backend.poll()
             now = monotonic()
             if now >= next_progress:

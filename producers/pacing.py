@@ -22,8 +22,12 @@ class TokenBucket:
         self.tokens -= granted
         return granted
 
-    def wait_s(self) -> float:
-        """Seconds until the next token, as of the last take()."""
-        if self.rate <= 0 or self.tokens >= 1.0:
+    def batch(self, seconds: float = 0.005) -> float:
+        """Tokens worth waiting for: `seconds` of sending (at least 1, at most the capacity)."""
+        return min(self.capacity, max(1.0, self.rate * seconds))
+
+    def wait_s(self, tokens: float = 1.0) -> float:
+        """Seconds until `tokens` are available, as of the last take()."""
+        if self.rate <= 0 or self.tokens >= tokens:
             return 0.0
-        return (1.0 - self.tokens) / self.rate
+        return (tokens - self.tokens) / self.rate
