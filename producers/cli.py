@@ -7,7 +7,9 @@ import json
 import math
 import os
 import secrets
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -461,8 +463,15 @@ def _write_json(path: Path, summary: Mapping[str, Any]) -> None:
         ) from None
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `sensor-sim`; returns the exit code."""
+    # SIGTERM stops the run like Ctrl-C: flush, then report what Kafka acknowledged.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     try:
         config = parse_config(argv, os.environ, wall_clock_ms())
         return run(config)
@@ -474,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sensor-sim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import io
 import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 import threading
 import types
@@ -294,10 +296,13 @@ class RecordingBackend:
 def test_duration_stops_the_run_and_still_sends_held_events(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backends: list[RecordingBackend] = []
-    monkeypatch.setattr(
-        cli_module, "create_backend", lambda *a: backends.append(RecordingBackend(*a[1:])) or backends[0]
-    )
+    created: list[RecordingBackend] = []
+
+    def create(name: str, target: KafkaTarget, on_ack: Any, on_fail: Any) -> RecordingBackend:
+        created.append(RecordingBackend(target, on_ack, on_fail))
+        return created[0]
+
+    monkeypatch.setattr(cli_module, "create_backend", create)
     clock = FakeClock()
     path = tmp_path / "s.json"
     argv = ["--rate", "500", "--duration", "3", "--out-of-order-rate", "0.3", "--quiet", "--seed", "4"]
@@ -310,7 +315,7 @@ def test_duration_stops_the_run_and_still_sends_held_events(
     assert 1400 <= summary["sent_total"] <= 1600
     assert clock.now - 1000.0 == pytest.approx(3.0, abs=0.1)
     # Every generated event went out, held-back ones included: event ids count 0, 1, 2, ... without a gap.
-    numbers = sorted(int(json.loads(m.value)["event_id"][-12:], 16) for m in backends[0].sent)
+    numbers = sorted(int(json.loads(m.value)["event_id"][-12:], 16) for m in created[0].sent)
     assert numbers == list(range(len(numbers))) and len(numbers) == summary["sent_total"]
     assert summary["out_of_order"] > 300
 
@@ -438,7 +443,7 @@ def test_kafka_python_backend_configures_the_client_and_accounts_on_the_main_thr
 ) -> None:
     kafka = fake_kafka_module()
     monkeypatch.setitem(sys.modules, "kafka", kafka)
-    monkeypatch.setitem(sys.modules, "kafka.errors", kafka.errors)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kafka.errors", kafka.errors)
     acked: list[Message] = []
     failed: list[tuple[Message, str, str]] = []
     backend = KafkaPythonBackend(
@@ -601,3 +606,44 @@ def test_confluent_backend_sends_exactly_the_generated_bytes(mock_broker: str, t
         consumer.close()
     expected = [(m.key, m.value) for m in EventStream(opts)]
     assert sorted(received) == sorted(expected)
+
+
+# --- stopping early ------------------------------------------------------------------------------
+
+
+def test_ctrl_c_flushes_and_reports_what_was_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class InterruptedBackend(RecordingBackend):
+        def send(self, msg: Message) -> None:
+            if len(self.sent) == 1234:
+                raise KeyboardInterrupt
+            super().send(msg)
+
+    monkeypatch.setattr(cli_module, "create_backend", lambda *a: InterruptedBackend(*a[1:]))
+    path, err = tmp_path / "s.json", io.StringIO()
+    cfg = config(["--rate", "0", "--count", "5000", "--summary-json", str(path)])
+    assert run(cfg, stdout=io.StringIO(), stderr=err) == 130
+    summary = json.loads(path.read_text())
+    assert (summary["sent_total"], summary["interrupted"]) == (1234, True)
+    assert "interrupted" in err.getvalue()
+
+
+def test_sigterm_stops_the_process_like_ctrl_c(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    argv = ["--dry-run", "--rate", "200", "--duration", "120", "--progress-interval", "0.1"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "producers", *argv, "--summary-json", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert process.stderr is not None
+    assert process.stderr.readline().startswith("sensor-sim: sent=")  # running: it printed progress
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    summary = json.loads(path.read_text())
+    assert summary["interrupted"] is True and 0 < summary["sent_total"] < 200 * 120
+    assert "sensor-sim: sent" in out
