@@ -75,8 +75,14 @@ def check_storage(settings: Settings) -> None:
     storage_conf(settings)  # raises CredentialsError when the keys are missing
     client = minio_client(settings)
     try:
-        exists = client.bucket_exists(s.bucket)
+        # A listing (not HEAD) so that errors come with their code: NoSuchBucket, InvalidAccessKeyId, ...
+        next(iter(client.list_objects(s.bucket, prefix="_iotlake_preflight/")), None)
     except S3Error as e:
+        if e.code == "NoSuchBucket":
+            raise StorageError(
+                f"Bucket {s.bucket!r} does not exist on {s.endpoint}. `make up` creates it (private); on another "
+                "S3 endpoint, create it or change storage.base_uri."
+            ) from e
         if e.code in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
             raise CredentialsError(
                 f"MinIO at {s.endpoint} refused the writer's key ({e.code}). The key in {s.secrets_file} or "
@@ -94,8 +100,3 @@ def check_storage(settings: Settings) -> None:
             f"MinIO at {s.endpoint} is unreachable ({type(e).__name__}). Start the local stack with `make up`, "
             "or set storage.endpoint (IOTLAKE_STORAGE__ENDPOINT) to a running S3 endpoint."
         ) from e
-    if not exists:
-        raise StorageError(
-            f"Bucket {s.bucket!r} does not exist on {s.endpoint}. `make up` creates it (private); on another "
-            "S3 endpoint, create it or change storage.base_uri."
-        )

@@ -63,8 +63,9 @@ def assert_clear_error(result: subprocess.CompletedProcess[str], *needles: str) 
 
 def test_bad_config_names_the_key(test_env: dict[str, str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("kafka:\n  partitions: lots\n")
-    assert_clear_error(iotlake(test_env, "--config", str(bad), "ingest"), "kafka.partitions", "whole number")
+    bad.write_text("validation:\n  max_message_bytes: lots\n")
+    result = iotlake(test_env, "--config", str(bad), "ingest")
+    assert_clear_error(result, "validation.max_message_bytes", "whole number")
 
 
 def test_unreachable_kafka_is_a_clear_error(test_env: dict[str, str]) -> None:
