@@ -78,6 +78,7 @@ class ConfluentBackend:
     """confluent-kafka (librdkafka): idempotent, acks=all, lz4, one delivery callback per message."""
 
     name = "confluent"
+    send: Callable[[Message], None]
 
     def __init__(self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> None:
         try:
@@ -109,8 +110,12 @@ class ConfluentBackend:
             self._producer = confluent_kafka.Producer(config)
         except confluent_kafka.KafkaException as exc:
             raise UsageError(f"invalid producer configuration for confluent-kafka: {exc}") from None
-        self._produce = self._producer.produce
         self._poll = self._producer.poll
+        self.send = self._make_send(on_ack, on_fail)
+
+    def _make_send(self, on_ack: OnAck, on_fail: OnFail) -> Callable[[Message], None]:
+        """send(msg): produce() with its own delivery callback; on a full queue, serve reports and retry."""
+        produce, poll, topic = self._producer.produce, self._poll, self._target.topic
 
         def delivered(msg: Message, err: Any, _record: Any) -> None:
             if err is None:
@@ -118,7 +123,15 @@ class ConfluentBackend:
             else:
                 on_fail(msg, err.name())
 
-        self._delivered = delivered
+        def send(msg: Message) -> None:  # locals only: this runs once per message
+            while True:
+                try:
+                    produce(topic, msg[1], msg[0], on_delivery=partial(delivered, msg))
+                    return
+                except BufferError:
+                    poll(0.1)
+
+        return send
 
     def _on_error(self, err: Any) -> None:
         self.last_error = err.str() if hasattr(err, "str") else str(err)
@@ -136,15 +149,6 @@ class ConfluentBackend:
             topic.error is not None and topic.error.code() == kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
         ):
             raise topic_missing(self._target)
-
-    def send(self, msg: Message) -> None:
-        """produce() with this message's delivery callback; on a full queue, serve reports and retry."""
-        while True:
-            try:
-                self._produce(self._target.topic, msg[1], msg[0], on_delivery=partial(self._delivered, msg))
-                return
-            except BufferError:
-                self._poll(0.1)
 
     def poll(self) -> None:
         """Serve delivery callbacks that are ready."""
@@ -262,16 +266,14 @@ class DryRunBackend:
     """No Kafka: every message is acknowledged at once (for measuring the generator, and for tests)."""
 
     name = "dry-run"
+    send: Callable[[Message], None]
 
     def __init__(self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> None:
-        self.send = on_ack  # type: ignore[assignment]
+        self.send = on_ack
         self.last_error: str | None = None
 
     def connect(self, timeout_s: float) -> None:
         """Nothing to reach."""
-
-    def send(self, msg: Message) -> None:
-        """Replaced by on_ack in __init__."""
 
     def poll(self) -> None:
         """Nothing to serve."""

@@ -92,10 +92,11 @@ class EventStream:
         wall = -1  # last wall-clock reading; event time never exceeds it
         n = 0  # generated events: drives the clock, the device round-robin and event ids
         emitted = 0
+        held_count = 0  # len(held), kept by hand: cheaper in the loop
         valid_id = 0
         extra = b""
 
-        while emitted + len(held) < limit and not self._stopped:
+        while emitted + held_count < limit and not self._stopped:
             u = rnd()
             fate = VALID
             if u < any_fault:
@@ -131,12 +132,26 @@ class EventStream:
                 fate = VALID  # one held event per device at a time
             if added:
                 extra = added_fields_fragment(added, seq)
-            value = template % (prefix_bytes, n, ids[dev], seq, t, *sample(dev, t), extra)
+            temp, humidity, nitrogen, salinity, battery = sample(dev, t)
+            value = template % (
+                prefix_bytes,
+                n,
+                ids[dev],
+                seq,
+                t,
+                temp,
+                humidity,
+                nitrogen,
+                salinity,
+                battery,
+                extra,
+            )
             msg = new(Message, (keys[dev], value, fate, valid_id, dev, t, seq))
             n += 1
             valid_id += 1
             if fate == OUT_OF_ORDER:
                 held[dev] = msg
+                held_count += 1
                 continue
             yield msg
             emitted += 1
@@ -149,6 +164,7 @@ class EventStream:
             if held:
                 released = held.pop(dev, None)
                 if released is not None:
+                    held_count -= 1
                     yield released
                     emitted += 1
                     if keep_history:
