@@ -36,7 +36,7 @@ class Message(NamedTuple):
     valid_id: int  # index of the distinct valid event carried (duplicates: the original's); -1: malformed
     device: int  # device index (0-based)
     event_time: int  # epoch ms as written in the value (malformed: the clock, not the payload's)
-    seq: int  # seq as written in the value
+    seq: int  # seq as written in the value (malformed: the seq it would carry, not consumed)
 
 
 def wall_clock_ms() -> int:
