@@ -23,9 +23,7 @@ def _port(text: str, where: str) -> int:
     try:
         port = int(text)
     except ValueError:
-        raise StackError(
-            f"{where}: port {text!r} is not a number. Use host:port, e.g. 127.0.0.1:9092."
-        ) from None
+        raise StackError(f"{where}: port {text!r} is not a number. Use host:port, e.g. 127.0.0.1:9092.") from None
     if not 1 <= port <= 65534:
         raise StackError(f"{where}: port {port} is out of range; use 1..65534 (the next port is used too).")
     return port
@@ -69,9 +67,7 @@ def minio_api(endpoint: str) -> HostPort:
     try:
         port = parts.port
     except ValueError:
-        raise StackError(
-            f"{where}: {endpoint!r} has an invalid port. Use e.g. http://127.0.0.1:9000."
-        ) from None
+        raise StackError(f"{where}: {endpoint!r} has an invalid port. Use e.g. http://127.0.0.1:9000.") from None
     if not parts.hostname or port is None:
         raise StackError(f"{where}: {endpoint!r} needs a host and a port, e.g. http://127.0.0.1:9000.")
     _require_loopback(parts.hostname, where)

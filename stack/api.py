@@ -48,9 +48,7 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
 
     started = time.monotonic()
     minio.bootstrap(settings, secrets)
-    _timed(
-        echo, started, f"minio bootstrap: bucket {settings.storage.bucket!r} private, writer + reader users"
-    )
+    _timed(echo, started, f"minio bootstrap: bucket {settings.storage.bucket!r} private, writer + reader users")
     started = time.monotonic()
     count = kafka.ensure_topic(settings)
     _timed(echo, started, f"topic {settings.kafka.topic!r}: {count} partitions, all with a leader")

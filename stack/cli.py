@@ -85,9 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "up", parents=[common], help="install, start Kafka and MinIO, create the bucket, keys and topic"
     ).set_defaults(func=_up)
-    sub.add_parser("down", parents=[common], help="stop the services this stack started").set_defaults(
-        func=_down
-    )
+    sub.add_parser("down", parents=[common], help="stop the services this stack started").set_defaults(func=_down)
     status = sub.add_parser("status", parents=[common], help="each service: state, pid, address, log")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=_status)

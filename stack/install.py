@@ -77,9 +77,7 @@ def find_java() -> Path:
             raise StackError(f"Java is missing{where}. Kafka and Spark need it. {fix}")
         candidate = Path(found)
     try:
-        out = subprocess.run(
-            [str(candidate), "-version"], capture_output=True, text=True, timeout=60, check=False
-        )
+        out = subprocess.run([str(candidate), "-version"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise StackError(f"{candidate} -version failed: {e}. {fix}") from e
     major = java_major(out.stderr + out.stdout)
@@ -87,8 +85,7 @@ def find_java() -> Path:
         raise StackError(f"Can't tell the version of {candidate} from `java -version`. {fix}")
     if major < versions.JAVA_MIN_MAJOR:
         raise StackError(
-            f"{candidate} is Java {major}; Kafka {versions.KAFKA_VERSION} needs Java "
-            f"{versions.JAVA_MIN_MAJOR}+. {fix}"
+            f"{candidate} is Java {major}; Kafka {versions.KAFKA_VERSION} needs Java {versions.JAVA_MIN_MAJOR}+. {fix}"
         )
     return candidate
 
@@ -188,9 +185,7 @@ def install_kafka(layout: StackLayout, echo: Echo | None = print) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not _kafka_done(layout):
-        raise StackError(
-            f"Maven finished but {kafka_libs(layout)} lacks the Kafka jar. Delete {target} and retry."
-        )
+        raise StackError(f"Maven finished but {kafka_libs(layout)} lacks the Kafka jar. Delete {target} and retry.")
     _say(echo, what, "installed", started)
     return kafka_libs(layout)
 
@@ -240,9 +235,7 @@ def install_minio(layout: StackLayout, echo: Echo | None = print) -> Path:
         log=layout.logs / "install-minio.log",
     )
     if not binary.exists():
-        raise StackError(
-            f"go install finished but {binary} is missing. Check {layout.logs / 'install-minio.log'}."
-        )
+        raise StackError(f"go install finished but {binary} is missing. Check {layout.logs / 'install-minio.log'}.")
     _say(echo, what, "installed", started)
     return binary
 

@@ -149,8 +149,7 @@ def _prepare(settings: Settings, layout: StackLayout, inst: Installed) -> Path:
                 "--ignore-formatted",
             ],
             what="Formatting the Kafka storage",
-            fix=f"Check {layout.kafka_data} is writable; to start afresh, run `python -m stack down` "
-            "and delete it.",
+            fix=f"Check {layout.kafka_data} is writable; to start afresh, run `python -m stack down` and delete it.",
             timeout=120,
             log=layout.logs / "kafka-format.log",
         )
@@ -194,17 +193,13 @@ def launch(settings: Settings, layout: StackLayout, inst: Installed) -> tuple[in
         return pid, True
     svc = service(layout)
     props = _prepare(settings, layout, inst)
-    return proc.start(
-        svc, [*_jvm(inst, layout, HEAP), "kafka.Kafka", str(props)], cwd=layout.kafka_home
-    ), False
+    return proc.start(svc, [*_jvm(inst, layout, HEAP), "kafka.Kafka", str(props)], cwd=layout.kafka_home), False
 
 
 def wait_ready(settings: Settings, layout: StackLayout, pid: int, timeout: float = START_TIMEOUT_S) -> float:
     """Wait until the broker answers metadata requests; seconds waited."""
     bootstrap = str(kafka_listener(settings.kafka.bootstrap_servers))
-    return proc.wait_ready(
-        service(layout), pid, lambda: answers(bootstrap), timeout, f"metadata on {bootstrap}"
-    )
+    return proc.wait_ready(service(layout), pid, lambda: answers(bootstrap), timeout, f"metadata on {bootstrap}")
 
 
 def stop(layout: StackLayout, timeout: float = STOP_TIMEOUT_S) -> int | None:

@@ -111,9 +111,7 @@ def check_can_start(settings: Settings, layout: StackLayout) -> int | None:
     return None
 
 
-def launch(
-    settings: Settings, layout: StackLayout, inst: Installed, secrets: dict[str, str]
-) -> tuple[int, bool]:
+def launch(settings: Settings, layout: StackLayout, inst: Installed, secrets: dict[str, str]) -> tuple[int, bool]:
     """Start MinIO detached unless ours already runs. Returns (pid, reused)."""
     pid = check_can_start(settings, layout)
     if pid is not None:
@@ -133,9 +131,7 @@ def launch(
 
 def wait_ready(settings: Settings, layout: StackLayout, pid: int, timeout: float = START_TIMEOUT_S) -> float:
     api = address(settings)
-    return proc.wait_ready(
-        service(layout), pid, lambda: answers(api), timeout, f"GET /minio/health/live on {api}"
-    )
+    return proc.wait_ready(service(layout), pid, lambda: answers(api), timeout, f"GET /minio/health/live on {api}")
 
 
 def stop(layout: StackLayout, timeout: float = STOP_TIMEOUT_S) -> int | None:
@@ -148,9 +144,7 @@ def bootstrap(settings: Settings, secrets: dict[str, str]) -> None:
     endpoint = f"{bind_host(api)}:{api.port}"
     bucket = settings.storage.bucket
     root, password = secrets[sec.ROOT_USER], secrets[sec.ROOT_PASSWORD]
-    client = Minio(
-        endpoint, access_key=root, secret_key=password, secure=False, region=settings.storage.region
-    )
+    client = Minio(endpoint, access_key=root, secret_key=password, secure=False, region=settings.storage.region)
     admin = MinioAdmin(endpoint=endpoint, credentials=StaticProvider(root, password), secure=False)
     writer_name, reader_name = policy_names(bucket)
     step = "creating the bucket"

@@ -102,9 +102,7 @@ def port_free(address: HostPort) -> bool:
         except OSError as e:
             if e.errno in (errno.EADDRINUSE, errno.EACCES):
                 return False
-            raise StackError(
-                f"Can't bind {address}: {e}. Is {address.host} an address of this machine?"
-            ) from e
+            raise StackError(f"Can't bind {address}: {e}. Is {address.host} an address of this machine?") from e
     return True
 
 
@@ -143,9 +141,7 @@ def start(
                 close_fds=True,
             )
         except OSError as e:
-            raise StackError(
-                f"Can't start {service.name} ({argv[0]}): {e}. Run `python -m stack install`."
-            ) from e
+            raise StackError(f"Can't start {service.name} ({argv[0]}): {e}. Run `python -m stack install`.") from e
     tmp = service.pidfile.with_suffix(".pid.tmp")
     tmp.write_text(f"{proc.pid}\n")
     tmp.replace(service.pidfile)

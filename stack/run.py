@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -89,7 +90,7 @@ def _table_versions(settings: Settings) -> dict[str, int | None]:
         try:
             uri = delta_rs_uri(settings.storage.table_uri(spec.name))
             out[spec.name] = DeltaTable(uri, storage_options=delta_storage_options(settings)).version()
-        except Exception:  # noqa: BLE001 - not created yet, or MinIO busy: the view shows '-'
+        except Exception:
             out[spec.name] = None
     return out
 
@@ -127,7 +128,7 @@ def _quarantine_by_reason(settings: Settings) -> Counter[str]:
     uri = delta_rs_uri(settings.storage.table_uri(settings.tables.quarantine.name))
     try:
         table = DeltaTable(uri, storage_options=delta_storage_options(settings))
-    except Exception:  # noqa: BLE001 - no quarantine table yet
+    except Exception:
         return Counter()
     return Counter(table.to_pyarrow_table(columns=["reason"]).column("reason").to_pylist())
 
@@ -146,7 +147,10 @@ def run_pipeline(settings: Settings, layout: StackLayout, duration: float, rate:
     interrupted = False
     try:
         _wait_for_ingest(ingest, metrics_url)
-        print(f"streaming job up ({time.monotonic() - started:.0f} s); starting sensor-sim at {rate}/s", flush=True)
+        print(
+            f"streaming job up ({time.monotonic() - started:.0f} s); starting sensor-sim at {rate}/s",
+            flush=True,
+        )
         sim_argv = [
             sys.executable, "-m", "producers",
             "--bootstrap-servers", settings.kafka.bootstrap_servers,
@@ -188,10 +192,8 @@ def run_pipeline(settings: Settings, layout: StackLayout, duration: float, rate:
 
 
 def _sleep_until(child: Child, seconds: float) -> None:
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         child.process.wait(seconds)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def print_summary(settings: Settings, layout: StackLayout, summary_path: Path, ingest: Child, code: int | None) -> None:

@@ -15,7 +15,6 @@ from streaming.schema import (
     CORRUPT,
     DEVICE_STATE_COLUMNS,
     EVENT_FIELD_NAMES,
-    QUARANTINE_COLUMNS,
     READINGS_COLUMNS,
     text_event_schema,
     typed_event_schema,
@@ -165,7 +164,10 @@ def infer_new_columns(validated: DataFrame, names: list[str]) -> tuple[list[Sche
         *[
             F.min_by(
                 F.schema_of_variant(F.try_variant_get(variant, f"$.{n}", "variant")),
-                F.when(F.try_variant_get(variant, f"$.{n}", "variant").isNotNull(), F.struct("partition", "offset")),
+                F.when(
+                    F.try_variant_get(variant, f"$.{n}", "variant").isNotNull(),
+                    F.struct("partition", "offset"),
+                ),
             ).alias(n)
             for n in evolvable
         ]

@@ -261,9 +261,7 @@ _SECTIONS: dict[str, type] = {
 def _build(raw: dict[str, Any], source: str) -> Settings:
     unknown = set(raw) - set(_SECTIONS) - {"tables"}
     if unknown:
-        raise ConfigError(
-            f"Unknown config section(s) {sorted(unknown)}. Allowed: {sorted([*_SECTIONS, 'tables'])}."
-        )
+        raise ConfigError(f"Unknown config section(s) {sorted(unknown)}. Allowed: {sorted([*_SECTIONS, 'tables'])}.")
     built: dict[str, Any] = {}
     for name, cls in _SECTIONS.items():
         built[name] = _section(cls, raw.get(name) or {}, name)
@@ -285,7 +283,7 @@ def _section(cls: type, data: Any, prefix: str) -> Any:
 
 
 def _coerce(cls: type, key: str, value: Any, where: str) -> Any:
-    default = cls.__dataclass_fields__[key].default
+    default = {f.name: f.default for f in fields(cls)}[key]
     if key == "ranges":
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must map a field to {{min, max}}, got {value!r}.")
@@ -382,9 +380,7 @@ def _validate(s: Settings) -> None:
     if s.kafka.partitions < 1:
         raise ConfigError(f"kafka.partitions must be >= 1, got {s.kafka.partitions}.")
     if s.kafka.starting_offsets not in ("earliest", "latest"):
-        raise ConfigError(
-            f"kafka.starting_offsets must be 'earliest' or 'latest', got {s.kafka.starting_offsets!r}."
-        )
+        raise ConfigError(f"kafka.starting_offsets must be 'earliest' or 'latest', got {s.kafka.starting_offsets!r}.")
     if s.kafka.max_offsets_per_trigger < 1:
         raise ConfigError("kafka.max_offsets_per_trigger must be >= 1.")
     if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:/", s.storage.base_uri):

@@ -14,6 +14,12 @@ from datetime import UTC, datetime
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+)
 from pyspark.storagelevel import StorageLevel
 
 from streaming import batch
@@ -23,7 +29,7 @@ from streaming.metrics import IngestMetrics
 from streaming.preflight import check_kafka, check_storage
 from streaming.rules import Rules
 from streaming.session import build_session
-from streaming.tables import LakeTables, Txn
+from streaming.tables import TIME_BUCKET_MS, LakeTables, Txn, time_ranges
 
 log = logging.getLogger("iotlake.ingest")
 QUERY_NAME = "iotlake_ingest"
@@ -129,17 +135,14 @@ class BatchWriter:
             try:
                 span = rows.agg(
                     F.collect_set("event_date").alias("dates"),
-                    F.min("event_time").alias("low"),
+                    F.collect_set(F.floor(F.unix_millis("event_time") / TIME_BUCKET_MS)).alias("buckets"),
                     F.max("event_time").alias("high"),
                 ).first()
                 assert span is not None
                 evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
-                merged = self.tables.merge_readings(
-                    rows, span["dates"], (span["low"], span["high"]), txn("readings"), evolve
-                )
-                state = self.tables.upsert_device_state(
-                    batch.latest_per_device(rows), txn("device_state"), evolve
-                )
+                ranges = time_ranges(int(b) for b in span["buckets"])
+                merged = self.tables.merge_readings(rows, span["dates"], ranges, txn("readings"), evolve)
+                state = self.tables.upsert_device_state(batch.latest_per_device(rows), txn("device_state"), evolve)
                 inserted, device_updates = merged.inserted, state.inserted + state.updated
                 self.metrics.merged.labels("readings", "inserted").inc(merged.inserted)
                 self.metrics.merged.labels("device_state", "inserted").inc(state.inserted)
@@ -151,7 +154,13 @@ class BatchWriter:
             finally:
                 rows.unpersist()
         return BatchReport(
-            info.batch_id, input_rows, by_action, by_rule, inserted, device_updates, time.monotonic() - started
+            info.batch_id,
+            input_rows,
+            by_action,
+            by_rule,
+            inserted,
+            device_updates,
+            time.monotonic() - started,
         )
 
     def _record(self, report: BatchReport) -> None:
@@ -178,7 +187,11 @@ class BatchWriter:
 
 def _crash(batch_id: int) -> None:
     """Fault injection for the crash-and-replay test: die after the Delta commits, before the checkpoint's."""
-    print(f"iotlake: crash_after_batch={batch_id}: killing the driver now (SIGKILL)", file=sys.stderr, flush=True)
+    print(
+        f"iotlake: crash_after_batch={batch_id}: killing the driver now (SIGKILL)",
+        file=sys.stderr,
+        flush=True,
+    )
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -186,16 +199,16 @@ class _ProgressListener(StreamingQueryListener):
     def __init__(self, metrics: IngestMetrics) -> None:
         self.metrics = metrics
 
-    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:
         self.metrics.up.set(1)
 
-    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:
         self.metrics.record_progress(event.progress.json)
 
-    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:
         pass
 
-    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
         self.metrics.up.set(0)
 
 
@@ -215,15 +228,13 @@ def kafka_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     return reader.load()
 
 
-def start_query(
-    spark: SparkSession, settings: Settings, writer: BatchWriter, available_now: bool
-) -> StreamingQuery:
+def start_query(spark: SparkSession, settings: Settings, writer: BatchWriter, available_now: bool) -> StreamingQuery:
     stream = kafka_stream(spark, settings).writeStream.foreachBatch(writer)
     stream = stream.queryName(QUERY_NAME).option("checkpointLocation", checkpoint_location(settings))
     if available_now:
         stream = stream.trigger(availableNow=True)
     else:
-        stream = stream.trigger(processingTime=f"{parse_duration(settings.ingest.trigger_interval, '') :.3f} seconds")
+        stream = stream.trigger(processingTime=f"{parse_duration(settings.ingest.trigger_interval, ''):.3f} seconds")
     return stream.start()
 
 
@@ -243,11 +254,11 @@ def run(settings: Settings, available_now: bool = False, metrics: IngestMetrics 
         spark.streams.addListener(_ProgressListener(metrics))
         try:
             query = start_query(spark, settings, writer, available_now)
-        except Exception as e:  # noqa: BLE001 - Spark raises several unrelated types here
+        except Exception as e:
             raise _explain(e, settings) from e
         log.info("streaming query %s started (checkpoint %s)", query.id, checkpoint_location(settings))
         while query.isActive and not stop.is_set():
-            query.awaitTermination(1.0)
+            query.awaitTermination(1)
         if query.isActive:
             log.info("stopping the streaming query (signal received)")
             query.stop()

@@ -19,13 +19,19 @@ class IngestMetrics:
         self.batches = Counter("iot_ingest_batches_total", "Micro-batches committed", registry=r)
         self.input_rows = Counter("iot_ingest_input_rows_total", "Kafka messages read", registry=r)
         self.rows = Counter(
-            "iot_ingest_rows_total", "Messages by outcome (ok, warn, drop, quarantine)", ["outcome"], registry=r
+            "iot_ingest_rows_total",
+            "Messages by outcome (ok, warn, drop, quarantine)",
+            ["outcome"],
+            registry=r,
         )
         self.quarantined = Counter(
             "iot_ingest_quarantined_rows_total", "Quarantined messages by rule", ["rule"], registry=r
         )
         self.merged = Counter(
-            "iot_ingest_merged_rows_total", "Rows written by MERGE, by table and kind", ["table", "kind"], registry=r
+            "iot_ingest_merged_rows_total",
+            "Rows written by MERGE, by table and kind",
+            ["table", "kind"],
+            registry=r,
         )
         self.duplicates = Counter(
             "iot_ingest_duplicate_rows_total", "Valid messages not inserted: already seen", registry=r
@@ -37,7 +43,10 @@ class IngestMetrics:
             registry=r,
         )
         self.phase_seconds = Gauge(
-            "iot_ingest_batch_phase_seconds", "Last batch's durationMs by phase, in seconds", ["phase"], registry=r
+            "iot_ingest_batch_phase_seconds",
+            "Last batch's durationMs by phase, in seconds",
+            ["phase"],
+            registry=r,
         )
         self.input_rate = Gauge("iot_ingest_input_rows_per_second", "Input rate of the last batch", registry=r)
         self.processed_rate = Gauge(
@@ -47,7 +56,9 @@ class IngestMetrics:
             "iot_ingest_kafka_lag_messages", "Messages behind the latest offset", ["partition"], registry=r
         )
         self.last_batch = Gauge("iot_ingest_last_batch_id", "Id of the last committed batch", registry=r)
-        self.table_version = Gauge("iot_ingest_table_version", "Delta version after the last write", ["table"], registry=r)
+        self.table_version = Gauge(
+            "iot_ingest_table_version", "Delta version after the last write", ["table"], registry=r
+        )
         self.newest_event = Gauge(
             "iot_ingest_newest_event_timestamp_seconds", "Newest event time committed to readings", registry=r
         )

@@ -13,9 +13,9 @@ from streaming.errors import CredentialsError, ServiceUnreachableError, StorageE
 CHECK_TIMEOUT_S = 10.0
 
 
-def kafka_client_conf(settings: Settings) -> dict[str, str]:
+def kafka_client_conf(settings: Settings) -> dict[str, str | int | float | bool]:
     """librdkafka settings equivalent to the Spark source's `kafka.*` options."""
-    conf = {"bootstrap.servers": settings.kafka.bootstrap_servers}
+    conf: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.kafka.bootstrap_servers}
     for key, value in settings.kafka.options.items():
         if key.startswith("kafka."):
             conf[key.removeprefix("kafka.")] = value
@@ -51,7 +51,8 @@ def minio_client(settings: Settings, access_key: str | None = None, secret_key: 
     s = settings.storage
     url = urlparse(s.endpoint)
     http = urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=CHECK_TIMEOUT_S, read=30.0), retries=urllib3.Retry(total=1, backoff_factor=0.2)
+        timeout=urllib3.Timeout(connect=CHECK_TIMEOUT_S, read=30.0),
+        retries=urllib3.Retry(total=1, backoff_factor=0.2),
     )
     return Minio(
         url.netloc or url.path,

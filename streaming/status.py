@@ -68,7 +68,7 @@ def table_status(settings: Settings, name: str) -> TableStatus:
         table = DeltaTable(delta_rs_uri(uri), storage_options=delta_storage_options(settings))
     except TableNotFoundError:
         return TableStatus(name, uri, exists=False)
-    actions = table.get_add_actions(flatten=True).to_pydict()
+    actions = table.get_add_actions(flatten=True).to_pydict()  # type: ignore[attr-defined]
     last = table.history(1)[0]
     stamp = last.get("timestamp")
     return TableStatus(

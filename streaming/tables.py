@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import operator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
+from functools import reduce
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -34,18 +36,48 @@ class MergeResult:
     skipped: bool = False  # nothing to write, or this transaction was already committed
 
 
-def readings_merge_condition(dates: Sequence[date], time_range: tuple[datetime, datetime] | None) -> Column:
-    """t.event_id = s.event_id, narrowed by literal partition dates and an event-time range.
+TIME_BUCKET_MS = 10 * 60 * 1000
+MAX_TIME_RANGES = 16
 
-    The literals let Delta prune partitions, and the range lets it skip files by min/max statistics, so
+
+def time_ranges(buckets: Iterable[int], width_ms: int = TIME_BUCKET_MS) -> list[tuple[datetime, datetime]]:
+    """Contiguous event-time ranges covering the given bucket numbers (epoch ms // width_ms).
+
+    Late events make a batch's [min, max] span hours; a few narrow ranges keep file skipping effective.
+    At most MAX_TIME_RANGES ranges: the smallest gaps are closed first.
+    """
+    ordered = sorted(set(buckets))
+    if not ordered:
+        return []
+    spans: list[list[int]] = [[ordered[0], ordered[0]]]
+    for b in ordered[1:]:
+        if b == spans[-1][1] + 1:
+            spans[-1][1] = b
+        else:
+            spans.append([b, b])
+    while len(spans) > MAX_TIME_RANGES:
+        gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
+        i = gaps.index(min(gaps))
+        spans[i : i + 2] = [[spans[i][0], spans[i + 1][1]]]
+
+    def at(ms: int) -> datetime:
+        return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
+
+    return [(at(lo * width_ms), at((hi + 1) * width_ms - 1)) for lo, hi in spans]
+
+
+def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[datetime, datetime]]) -> Column:
+    """t.event_id = s.event_id, narrowed by literal partition dates and event-time ranges.
+
+    The literals let Delta prune partitions, and the ranges let it skip files by min/max statistics, so
     a batch never scans the whole table. Built from typed values, never from message text.
     """
     condition = (F.col("t.event_id") == F.col("s.event_id")) & (F.col("t.event_date") == F.col("s.event_date"))
     if dates:
         condition = condition & F.col("t.event_date").isin([F.lit(d) for d in sorted(set(dates))])
-    if time_range is not None:
-        low, high = time_range
-        condition = condition & F.col("t.event_time").between(F.lit(low), F.lit(high))
+    if ranges:
+        within = [F.col("t.event_time").between(F.lit(low), F.lit(high)) for low, high in ranges]
+        condition = condition & reduce(operator.or_, within)
     return condition
 
 
@@ -71,11 +103,12 @@ class LakeTables:
         t = self.settings.tables
         self._create(self.readings_uri, READINGS_COLUMNS, t.readings.partition_by, "One row per distinct reading")
         self._create(
-            self.device_state_uri, DEVICE_STATE_COLUMNS, t.device_state.partition_by, "Newest reading per device"
+            self.device_state_uri,
+            DEVICE_STATE_COLUMNS,
+            t.device_state.partition_by,
+            "Newest reading per device",
         )
-        self._create(
-            self.quarantine_uri, QUARANTINE_COLUMNS, t.quarantine.partition_by, "Rejected records and why"
-        )
+        self._create(self.quarantine_uri, QUARANTINE_COLUMNS, t.quarantine.partition_by, "Rejected records and why")
 
     def _create(self, uri: str, columns: Sequence[SchemaColumn], partition_by: Sequence[str], comment: str) -> None:
         builder = DeltaTable.createIfNotExists(self.spark).location(uri).comment(comment)
@@ -117,13 +150,13 @@ class LakeTables:
         self,
         source: DataFrame,
         dates: Sequence[date],
-        time_range: tuple[datetime, datetime] | None,
+        ranges: Sequence[tuple[datetime, datetime]],
         txn: Txn | None,
         evolve: bool,
     ) -> MergeResult:
         """Insert-only dedup MERGE: events already in the table (same event_id) are left alone."""
         target = DeltaTable.forPath(self.spark, self.readings_uri).alias("t")
-        builder = target.merge(source.alias("s"), readings_merge_condition(dates, time_range))
+        builder = target.merge(source.alias("s"), readings_merge_condition(dates, ranges))
         if evolve:
             builder = builder.withSchemaEvolution()
         with self._transaction(txn):

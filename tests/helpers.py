@@ -51,7 +51,5 @@ def wait_for(
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.1f}s waiting for {message} (last value: {value!r})"
-            )
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {message} (last value: {value!r})")
         time.sleep(interval)

@@ -64,6 +64,6 @@ def test_negative_control_without_transaction_ids_duplicates_the_replayed_batch(
     coordinates = Counter((q["kafka_partition"], q["kafka_offset"]) for q in quarantine)
     assert len(quarantine) > summary["malformed_total"]
     assert max(coordinates.values()) == 2, "the replayed batch's quarantine rows should be there twice"
-    assert {q["ingest_batch_id"] for q in quarantine if coordinates[(q["kafka_partition"], q["kafka_offset"])] == 2} == {
-        CRASH_BATCH
-    }
+    assert {
+        q["ingest_batch_id"] for q in quarantine if coordinates[(q["kafka_partition"], q["kafka_offset"])] == 2
+    } == {CRASH_BATCH}

@@ -12,7 +12,16 @@ from tests.integration.lake import REASON_BY_KIND, explain, read_table, run_inge
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-FAULTS = ("--duplicate-rate", "0.05", "--out-of-order-rate", "0.05", "--late-rate", "0.05", "--malformed-rate", "0.04")
+FAULTS = (
+    "--duplicate-rate",
+    "0.05",
+    "--out-of-order-rate",
+    "0.05",
+    "--late-rate",
+    "0.05",
+    "--malformed-rate",
+    "0.04",
+)
 
 
 def assert_tables_match(settings: Settings, secrets: dict[str, str], summary: dict) -> None:
@@ -42,7 +51,10 @@ def test_simulator_to_tables_exact_counts(
 ) -> None:
     summary = simulate(settings, tmp_path, *FAULTS)
     assert min(summary["duplicates"], summary["late"], summary["out_of_order"], summary["malformed_total"]) > 0
-    env = {**test_env, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "6000"}  # several batches: dups cross batches
+    env = {
+        **test_env,
+        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "6000",
+    }  # several batches: dups cross batches
     result = run_ingest(env)
     assert result.returncode == 0, explain(result)
     assert_tables_match(settings, stack_secrets, summary)

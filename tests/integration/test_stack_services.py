@@ -30,9 +30,7 @@ pytestmark = pytest.mark.integration
 
 def _client(settings: Settings, access: str, secret: str) -> Minio:
     api = minio_api(settings.storage.endpoint)
-    return Minio(
-        f"{api.host}:{api.port}", access_key=access, secret_key=secret, secure=False, region="us-east-1"
-    )
+    return Minio(f"{api.host}:{api.port}", access_key=access, secret_key=secret, secure=False, region="us-east-1")
 
 
 def _key(settings: Settings, name: str) -> str:
@@ -91,9 +89,7 @@ def test_anonymous_access_to_the_bucket_is_refused(settings: Settings, stack_sec
         assert e.value.code == 403, url
 
 
-def test_writer_can_write_objects_but_not_create_buckets(
-    settings: Settings, stack_secrets: dict[str, str]
-) -> None:
+def test_writer_can_write_objects_but_not_create_buckets(settings: Settings, stack_secrets: dict[str, str]) -> None:
     writer = _client(settings, stack_secrets[sec.WRITER_ACCESS_KEY], stack_secrets[sec.WRITER_SECRET_KEY])
     key = _key(settings, "w.txt")
     writer.put_object(settings.storage.bucket, key, io.BytesIO(b"hello"), 5)

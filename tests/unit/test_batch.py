@@ -132,7 +132,11 @@ def test_warned_rows_are_kept_with_their_warnings(spark: SparkSession, local_set
 
 
 def test_readings_dedup_within_batch_keeps_the_first_by_kafka_position(spark: SparkSession, rules: Rules) -> None:
-    values = [encode(event(event_id="a", seq=1)), encode(event(event_id="b", seq=2)), encode(event(event_id="a", seq=1))]
+    values = [
+        encode(event(event_id="a", seq=1)),
+        encode(event(event_id="b", seq=2)),
+        encode(event(event_id="a", seq=1)),
+    ]
     raw = kafka_rows(spark, values, partition=3)
     rows = batch.readings(batch.validate(raw, rules, INFO), rules, INFO).orderBy("event_id").collect()
     assert [(r.event_id, r.kafka_offset) for r in rows] == [("a", 0), ("b", 1)]
@@ -209,9 +213,10 @@ def test_type_conflict_with_an_evolved_column_is_quarantined(spark: SparkSession
 
 def test_outcome_counts(spark: SparkSession, rules: Rules) -> None:
     values = [encode(event()), encode(event(event_id="x")), b"nope", encode(event(device_id=DROP))]
-    counts = {(r.action, tuple(r.reasons)): r["count"] for r in batch.outcome_counts(
-        batch.validate(kafka_rows(spark, values), rules, INFO)
-    ).collect()}
+    counts = {
+        (r.action, tuple(r.reasons)): r["count"]
+        for r in batch.outcome_counts(batch.validate(kafka_rows(spark, values), rules, INFO)).collect()
+    }
     assert counts == {
         ("ok", ()): 2,
         ("quarantine", ("malformed_json",)): 1,

@@ -92,7 +92,14 @@ def test_missing_file_and_bad_yaml_are_clear(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("5 minutes", 300), ("7 days", 604800), ("interval 30 days", 2592000), ("250 ms", 0.25), (12, 12), ("2h", 7200)],
+    [
+        ("5 minutes", 300),
+        ("7 days", 604800),
+        ("interval 30 days", 2592000),
+        ("250 ms", 0.25),
+        (12, 12),
+        ("2h", 7200),
+    ],
 )
 def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration(text, "k") == seconds

@@ -174,9 +174,7 @@ def test_a_valid_event_has_exactly_the_documented_fields_and_types() -> None:
     assert event["device_id"] == "dev-00001" and event["parcel_id"] == "parcel-001"
     assert event["seq"] == 1 and event["event_time"] == START
     assert msg.key == b"dev-00001"
-    assert re.fullmatch(
-        r"[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", event["event_id"]
-    )
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", event["event_id"])
     assert violations(msg.value) == []
 
 
@@ -269,10 +267,7 @@ def test_summary_counts_match_an_independent_recount_of_the_stream(seed: int) ->
     assert summary["duplicates"] > 1000 and summary["late"] > 800 and summary["out_of_order"] > 1000
     assert min(summary["malformed_by_kind"].values()) > 200
     assert summary["delivery_failed"] == 0
-    assert (
-        summary["sent_total"]
-        == summary["valid_distinct"] + summary["duplicates"] + summary["malformed_total"]
-    )
+    assert summary["sent_total"] == summary["valid_distinct"] + summary["duplicates"] + summary["malformed_total"]
 
 
 def test_message_kinds_agree_with_what_the_bytes_show() -> None:
@@ -410,9 +405,7 @@ def test_each_malformed_kind_breaks_exactly_one_rule(kind: str) -> None:
 
 
 def test_malformed_payloads_say_what_they_claim() -> None:
-    by_kind = {
-        k: generate(options(count=1, malformed_rate=1.0, malformed_kinds=(k,)))[0] for k in MALFORMED_KINDS
-    }
+    by_kind = {k: generate(options(count=1, malformed_rate=1.0, malformed_kinds=(k,)))[0] for k in MALFORMED_KINDS}
     with pytest.raises(ValueError):
         json.loads(by_kind["not_json"].value)
     assert isinstance(json.loads(by_kind["wrong_type"].value)["air_temperature_c"], str)
@@ -497,11 +490,7 @@ def test_stop_ends_an_endless_stream_after_flushing_held_events() -> None:
             stream.stop()
     assert 5000 < len(taken) <= 5000 + 20  # at most one held event per device follows
     tail = Counter(m.kind for m in taken[5000:])
-    assert (
-        tail["valid"] >= 1
-        and tail["out_of_order"] <= 1
-        and tail.total() == tail["valid"] + tail["out_of_order"]
-    )
+    assert tail["valid"] >= 1 and tail["out_of_order"] <= 1 and tail.total() == tail["valid"] + tail["out_of_order"]
     per_device: dict[int, list[int]] = defaultdict(list)
     for m in taken:
         per_device[m.device].append(m.seq)

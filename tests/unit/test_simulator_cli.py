@@ -191,9 +191,7 @@ def test_defaults_and_the_simulated_time_step() -> None:
 # --- dry runs through the CLI --------------------------------------------------------------------
 
 
-def test_dry_run_summary_equals_the_library_summary(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_dry_run_summary_equals_the_library_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     start = recent_start()
     path = tmp_path / "out" / "summary.json"
     argv = ["--dry-run", "--rate", "0", "--count", "6000", "--seed", "11", "--start-time", str(start)]
@@ -257,10 +255,7 @@ def test_progress_lines_go_to_stderr_at_each_interval() -> None:
 def test_pacing_batches_messages_and_holds_the_rate_without_a_sleep_per_message() -> None:
     clock = FakeClock()
     cfg = config(["--dry-run", "--rate", "2000", "--count", "4000", "--quiet"])
-    assert (
-        run(cfg, stdout=io.StringIO(), stderr=io.StringIO(), monotonic=clock.monotonic, sleep=clock.sleep)
-        == 0
-    )
+    assert run(cfg, stdout=io.StringIO(), stderr=io.StringIO(), monotonic=clock.monotonic, sleep=clock.sleep) == 0
     elapsed = clock.now - 1000.0
     assert elapsed == pytest.approx(2.0, rel=0.05)  # 4000 messages at 2000/s
     assert len(clock.sleeps) < 4000 / 5  # batches, not a sleep per message
@@ -293,9 +288,7 @@ class RecordingBackend:
         pass
 
 
-def test_duration_stops_the_run_and_still_sends_held_events(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_duration_stops_the_run_and_still_sends_held_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     created: list[RecordingBackend] = []
 
     def create(name: str, target: KafkaTarget, on_ack: Any, on_fail: Any) -> RecordingBackend:
@@ -307,10 +300,7 @@ def test_duration_stops_the_run_and_still_sends_held_events(
     path = tmp_path / "s.json"
     argv = ["--rate", "500", "--duration", "3", "--out-of-order-rate", "0.3", "--quiet", "--seed", "4"]
     cfg = config([*argv, "--summary-json", str(path)])
-    assert (
-        run(cfg, stdout=io.StringIO(), stderr=io.StringIO(), monotonic=clock.monotonic, sleep=clock.sleep)
-        == 0
-    )
+    assert run(cfg, stdout=io.StringIO(), stderr=io.StringIO(), monotonic=clock.monotonic, sleep=clock.sleep) == 0
     summary = json.loads(path.read_text())
     assert 1400 <= summary["sent_total"] <= 1600
     assert clock.now - 1000.0 == pytest.approx(3.0, abs=0.1)
@@ -357,9 +347,7 @@ class FlakyBackend:
         pass
 
 
-def test_delivery_failures_are_counted_reported_and_exit_1(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_delivery_failures_are_counted_reported_and_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     backends: list[FlakyBackend] = []
 
     def fake_create(name: str, target: KafkaTarget, on_ack: Any, on_fail: Any) -> FlakyBackend:
@@ -376,10 +364,7 @@ def test_delivery_failures_are_counted_reported_and_exit_1(
     assert summary["sent_total"] + summary["delivery_failed"] == backends[0].sent == 3000
     assert summary["delivery_errors"]["unconfirmed_at_exit"] == 3
     assert summary["delivery_errors"]["MSG_TIMED_OUT"] > 250
-    assert (
-        summary["sent_total"]
-        == summary["valid_distinct"] + summary["duplicates"] + summary["malformed_total"]
-    )
+    assert summary["sent_total"] == summary["valid_distinct"] + summary["duplicates"] + summary["malformed_total"]
     assert "were not acknowledged by Kafka" in err.getvalue()
 
 
@@ -501,9 +486,7 @@ def test_confluent_backend_configures_the_client_and_retries_a_full_queue(
 
     monkeypatch.setattr(confluent_kafka, "Producer", FakeConfluentProducer)
     acked: list[Message] = []
-    backend = ConfluentBackend(
-        KafkaTarget("h:1", "t", 60.0, {"linger.ms": "5"}), acked.append, lambda m, e: None
-    )
+    backend = ConfluentBackend(KafkaTarget("h:1", "t", 60.0, {"linger.ms": "5"}), acked.append, lambda m, e: None)
     producer: Any = backend._producer
     assert producer.config["enable.idempotence"] is True and producer.config["acks"] == "all"
     assert producer.config["compression.type"] == "lz4"
@@ -611,9 +594,7 @@ def test_confluent_backend_sends_exactly_the_generated_bytes(mock_broker: str, t
 # --- stopping early ------------------------------------------------------------------------------
 
 
-def test_ctrl_c_flushes_and_reports_what_was_acknowledged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ctrl_c_flushes_and_reports_what_was_acknowledged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     class InterruptedBackend(RecordingBackend):
         def send(self, msg: Message) -> None:
             if len(self.sent) == 1234:

@@ -233,9 +233,7 @@ def test_old_java_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
         stack.install.find_java()
 
 
-def test_missing_mvn_and_go_are_explained_only_when_needed(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_missing_mvn_and_go_are_explained_only_when_needed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     java = Path(stack.install.find_java())
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("JAVA_HOME", str(java.resolve().parent.parent))
@@ -273,9 +271,7 @@ def test_versions_stamp_change_means_reinstall(tmp_path: Path) -> None:
 
 
 def _service(tmp_path: Path) -> proc.Service:
-    return proc.Service(
-        "dummy", tmp_path / "run" / "dummy.pid", tmp_path / "logs" / "dummy.log", "dummy-marker"
-    )
+    return proc.Service("dummy", tmp_path / "run" / "dummy.pid", tmp_path / "logs" / "dummy.log", "dummy-marker")
 
 
 def test_a_process_dying_during_start_up_shows_its_log(tmp_path: Path) -> None:
@@ -327,9 +323,7 @@ def test_a_taken_port_is_reported_with_the_fix() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(
-            StackError, match=f"broker port 127.0.0.1:{port} is already in use.*IOTLAKE_KAFKA"
-        ):
+        with pytest.raises(StackError, match=f"broker port 127.0.0.1:{port} is already in use.*IOTLAKE_KAFKA"):
             proc.require_free_ports("Kafka", {"broker": HostPort("127.0.0.1", port)}, kafka.SETTING)
 
 
@@ -412,17 +406,12 @@ def test_minio_is_built_with_go_install_into_the_versioned_cache(
     binary = stack.install.install_minio(layout, echo=None)
     version = stack.install.versions.MINIO_VERSION
     assert binary == tmp_path / "cache" / "minio" / version / "minio"
-    assert (
-        calls.read_text()
-        == f"install github.com/minio/minio@{version} GOBIN={binary.parent} GOFLAGS=-mod=mod\n"
-    )
+    assert calls.read_text() == f"install github.com/minio/minio@{version} GOBIN={binary.parent} GOFLAGS=-mod=mod\n"
     stack.install.install_minio(layout, echo=None)  # cached: go is not called again
     assert len(calls.read_text().splitlines()) == 1
 
 
-def test_a_failed_maven_run_leaves_no_half_done_kafka_dir(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_failed_maven_run_leaves_no_half_done_kafka_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _fake_tool(tmp_path / "bin", "mvn", 'echo "[ERROR] Could not resolve dependencies"\nexit 1\n')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     layout = StackLayout(home=tmp_path / "home", cache=tmp_path / "cache")

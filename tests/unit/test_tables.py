@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from streaming import batch
 from streaming.config import Settings
 from streaming.rules import Rules
-from streaming.tables import LakeTables, Txn, readings_merge_condition
+from streaming.tables import MAX_TIME_RANGES, LakeTables, Txn, readings_merge_condition, time_ranges
 from tests.unit.test_batch import NOW, NOW_MS, encode, event, kafka_rows
 
 pytestmark = pytest.mark.unit
@@ -33,7 +33,7 @@ def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dic
     validated = batch.validate(kafka_rows(spark, [encode(e) for e in events]), rules, info)
     rows = batch.readings(validated, rules, info)
     dates = [r[0] for r in rows.select("event_date").distinct().collect()]
-    lake.merge_readings(rows, dates, None, Txn("q-readings", batch_id) if txn else None, evolve=False)
+    lake.merge_readings(rows, dates, [], Txn("q-readings", batch_id) if txn else None, evolve=False)
     lake.upsert_device_state(
         batch.latest_per_device(rows), Txn("q-device_state", batch_id) if txn else None, evolve=False
     )
@@ -80,13 +80,36 @@ def test_device_state_never_goes_back_in_time(spark: SparkSession, tables: LakeT
     assert state["d1"] == "newer"
 
 
-def test_merge_condition_carries_literal_partitions_and_time_range() -> None:
-    low = datetime(2026, 11, 30, 1, tzinfo=UTC)
-    cond = readings_merge_condition([date(2026, 11, 30), date(2026, 11, 29), date(2026, 11, 30)], (low, low + timedelta(hours=1)))
+def test_merge_condition_carries_literal_partitions_and_time_ranges(spark: SparkSession) -> None:
+    low = datetime(2026, 11, 30, 1)
+    ranges = [(low, low + timedelta(hours=1)), (low + timedelta(hours=5), low + timedelta(hours=6))]
+    cond = readings_merge_condition([date(2026, 11, 30), date(2026, 11, 29), date(2026, 11, 30)], ranges)
     text = str(cond)
     assert "in(t.event_date, 2026-11-29, 2026-11-30)" in text  # literal, sorted, deduplicated
     assert ">=(t.event_time, 2026-11-30 01:00:00" in text and "<=(t.event_time, 2026-11-30 02:00:00" in text
+    assert ">=(t.event_time, 2026-11-30 06:00:00" in text and "or(" in text
     assert "=(t.event_id, s.event_id)" in text
+
+
+def test_time_ranges_join_contiguous_buckets_and_cap_their_number() -> None:
+    width = 600_000
+    base = 2_900_000  # bucket numbers: epoch ms // width
+    ranges = time_ranges([base, base + 1, base + 2, base + 30, base + 2], width)
+    assert ranges == [
+        (
+            datetime.fromtimestamp(base * 600, UTC).replace(tzinfo=None),
+            datetime.fromtimestamp((base + 3) * 600 - 0.001, UTC).replace(tzinfo=None),
+        ),
+        (
+            datetime.fromtimestamp((base + 30) * 600, UTC).replace(tzinfo=None),
+            datetime.fromtimestamp((base + 31) * 600 - 0.001, UTC).replace(tzinfo=None),
+        ),
+    ]
+    many = time_ranges(range(base, base + 200, 2), width)  # 100 isolated buckets
+    assert len(many) == MAX_TIME_RANGES
+    assert many[0][0] == datetime.fromtimestamp(base * 600, UTC).replace(tzinfo=None)
+    assert many[-1][1] == datetime.fromtimestamp((base + 199) * 600 - 0.001, UTC).replace(tzinfo=None)
+    assert time_ranges([]) == []
 
 
 def test_merge_condition_never_splices_message_text(spark: SparkSession, tables: LakeTables) -> None:
