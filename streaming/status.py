@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from streaming.config import Settings
 from streaming.errors import ServiceUnreachableError
 from streaming.ingest import checkpoint_location
@@ -68,7 +70,7 @@ def table_status(settings: Settings, name: str) -> TableStatus:
         table = DeltaTable(delta_rs_uri(uri), storage_options=delta_storage_options(settings))
     except TableNotFoundError:
         return TableStatus(name, uri, exists=False)
-    actions = table.get_add_actions(flatten=True).to_pydict()  # type: ignore[attr-defined]
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     last = table.history(1)[0]
     stamp = last.get("timestamp")
     return TableStatus(

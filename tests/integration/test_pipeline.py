@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -68,3 +71,33 @@ def test_simulator_to_tables_exact_counts(
     again = run_ingest(env)
     assert again.returncode == 0, explain(again)
     assert_tables_match(settings, stack_secrets, summary)
+
+    # `iotlake status` reports what the tables and the checkpoint hold, and no lag once caught up.
+    status = subprocess.run(
+        [sys.executable, "-m", "streaming.cli", "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0, explain(status)
+    report = json.loads(status.stdout)
+    tables = {t["name"]: t for t in report["tables"]}
+    assert tables["readings"]["rows"] == summary["valid_distinct"]
+    assert tables["quarantine"]["rows"] == summary["malformed_total"]
+    assert tables["device_state"]["rows"] == len(summary["latest_by_device"])
+    assert all(t["version"] >= 1 and t["files"] >= 1 and t["last_commit"] for t in tables.values())
+    assert report["stream"]["total_lag"] == 0
+    assert report["stream"]["last_batch_id"] >= 3
+    assert sum(report["stream"]["committed_offsets"].values()) == summary["sent_total"]
+
+
+def test_config_command_masks_secrets(test_env: dict[str, str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "streaming.cli", "config", "--json"], env=test_env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, explain(result)
+    shown = json.loads(result.stdout)
+    assert shown["storage"]["secret_key"] == "***"
+    assert test_env["IOTLAKE_STORAGE__SECRET_KEY"] not in result.stdout
+    assert shown["kafka"]["topic"] == test_env["IOTLAKE_KAFKA__TOPIC"]

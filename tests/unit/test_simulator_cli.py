@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -534,61 +532,6 @@ def test_unreachable_kafka_exits_3_naming_the_servers_and_the_fix(
     assert err.count("\n") == 1
     assert "Kafka at 127.0.0.1:1 did not answer" in err and "`make up`" in err
     assert "Traceback" not in err
-
-
-# --- a real librdkafka client against librdkafka's in-process mock broker ------------------------
-
-
-@pytest.fixture
-def mock_broker() -> Iterator[str]:
-    confluent_kafka = pytest.importorskip("confluent_kafka")
-    quiet = logging.getLogger("test-simulator-mock")
-    quiet.addHandler(logging.NullHandler())
-    quiet.propagate = False
-    holder = confluent_kafka.Producer({"test.mock.num.brokers": 1, "logger": quiet})
-    try:
-        brokers = holder.list_topics(timeout=5).brokers
-    except confluent_kafka.KafkaException:
-        pytest.skip("this librdkafka build has no mock cluster")
-    broker = next(iter(brokers.values()))
-    yield f"{broker.host}:{broker.port}"
-    holder.flush(1)
-
-
-def test_confluent_backend_sends_exactly_the_generated_bytes(mock_broker: str, tmp_path: Path) -> None:
-    confluent_kafka = pytest.importorskip("confluent_kafka")
-    start = recent_start()
-    path = tmp_path / "s.json"
-    argv = ["--bootstrap-servers", mock_broker, "--topic", "sim-test", "--rate", "0", "--count", "3000"]
-    argv += ["--seed", "8", "--start-time", str(start), "--summary-json", str(path), "--quiet", *FAULT_FLAGS]
-    assert main(argv) == 0
-    summary = json.loads(path.read_text())
-    opts = SimOptions(
-        seed=8,
-        start_time_ms=start,
-        count=3000,
-        duplicate_rate=0.05,
-        out_of_order_rate=0.05,
-        late_rate=0.05,
-        malformed_rate=0.05,
-    )
-    assert comparable(summary) == comparable(simulate(opts))
-    assert summary["delivery_failed"] == 0 and summary["backend"] == "confluent"
-
-    consumer = confluent_kafka.Consumer(
-        {"bootstrap.servers": mock_broker, "group.id": "t", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe(["sim-test"])
-    received: list[tuple[bytes, bytes]] = []
-    try:
-        while len(received) < 3000:
-            batch = consumer.consume(1000, timeout=10)
-            assert batch, f"only {len(received)} of 3000 messages came back"
-            received += [(m.key(), m.value()) for m in batch if m.error() is None]
-    finally:
-        consumer.close()
-    expected = [(m.key, m.value) for m in EventStream(opts)]
-    assert sorted(received) == sorted(expected)
 
 
 # --- stopping early ------------------------------------------------------------------------------
