@@ -145,9 +145,7 @@ class ConfluentBackend:
             self._poll(0)  # serve error_cb: it names the cause (e.g. connection refused)
             raise unreachable(self._target, timeout_s, self.last_error or str(exc.args[0])) from None
         topic = metadata.topics.get(self._target.topic)
-        if topic is None or (
-            topic.error is not None and topic.error.code() == kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
-        ):
+        if topic is None or (topic.error is not None and topic.error.code() == kafka.KafkaError.UNKNOWN_TOPIC_OR_PART):
             raise topic_missing(self._target)
 
     def poll(self) -> None:

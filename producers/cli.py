@@ -69,13 +69,9 @@ def _number(flag: str, cast: Callable[[str], Any]) -> Callable[[str], Any]:
             value = cast(text)
         except ValueError:
             kind = "an integer" if cast is int else "a number"
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not {kind} (from {flag} or {env_name(flag)})"
-            ) from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind} (from {flag} or {env_name(flag)})") from None
         if isinstance(value, float) and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a finite number (from {flag} or {env_name(flag)})"
-            )
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number (from {flag} or {env_name(flag)})")
         return value
 
     convert.__name__ = cast.__name__
@@ -119,9 +115,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         """A flag (boolean or repeatable) whose environment fallback parse_config applies itself."""
         group.add_argument(flag, help=f"{help_text} [env: {env_name(flag)}{env_note}]", **kwargs)
 
-    def number(
-        group: Any, flag: str, help_text: str, default: Any, cast: Callable[[str], Any] = float
-    ) -> None:
+    def number(group: Any, flag: str, help_text: str, default: Any, cast: Callable[[str], Any] = float) -> None:
         add(group, flag, help_text, default, type=_number(flag, cast), metavar="N")
 
     kafka = parser.add_argument_group("Kafka")
@@ -144,9 +138,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         action="append",
         metavar="KEY=VALUE",
     )
-    add_late_env(
-        kafka, "--dry-run", "generate and count without Kafka (measures the generator)", action="store_true"
-    )
+    add_late_env(kafka, "--dry-run", "generate and count without Kafka (measures the generator)", action="store_true")
 
     sim = parser.add_argument_group("simulation")
     number(sim, "--devices", "number of devices", 100, int)
@@ -279,9 +271,7 @@ def _count_and_duration(ns: argparse.Namespace, env: Mapping[str, str]) -> tuple
     if count is None and duration is None:
         env_count, env_duration = env.get(env_name("--count")), env.get(env_name("--duration"))
         if env_count and env_duration:
-            raise UsageError(
-                f"both {env_name('--count')} and {env_name('--duration')} are set; unset one of them"
-            )
+            raise UsageError(f"both {env_name('--count')} and {env_name('--duration')} are set; unset one of them")
         if env_count:
             count = _parse_env_number("--count", env_count, int)
         elif env_duration:
@@ -329,8 +319,7 @@ def format_summary(s: Mapping[str, Any]) -> str:
     lines = [
         f"sensor-sim: sent {s['sent_total']:,} messages {where} in {s['elapsed_s']:.2f} s "
         f"({s['msgs_per_s']:,.0f} msgs/s)",
-        f"  valid distinct   {s['valid_distinct']:,}  "
-        f"(late {s['late']:,}, out of order {s['out_of_order']:,})",
+        f"  valid distinct   {s['valid_distinct']:,}  (late {s['late']:,}, out of order {s['out_of_order']:,})",
         f"  duplicates       {s['duplicates']:,}",
         f"  malformed        {s['malformed_total']:,}" + (f"  ({kinds})" if kinds else ""),
         f"  delivery failed  {s['delivery_failed']:,}" + (f"  ({errors})" if errors else ""),
@@ -458,9 +447,7 @@ def _write_json(path: Path, summary: Mapping[str, Any]) -> None:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
-        raise UsageError(
-            f"--summary-json {path}: cannot write it ({exc.strerror}); choose a writable path"
-        ) from None
+        raise UsageError(f"--summary-json {path}: cannot write it ({exc.strerror}); choose a writable path") from None
 
 
 def _interrupt(signum: int, frame: Any) -> None:

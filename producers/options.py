@@ -76,8 +76,7 @@ def option_problems(o: SimOptions) -> list[str]:
     unknown = [k for k in o.malformed_kinds if k not in MALFORMED_KINDS]
     if unknown:
         problems.append(
-            f"--malformed-kinds: unknown kind(s) {', '.join(unknown)}; "
-            f"choose from {', '.join(MALFORMED_KINDS)}"
+            f"--malformed-kinds: unknown kind(s) {', '.join(unknown)}; choose from {', '.join(MALFORMED_KINDS)}"
         )
     elif not o.malformed_kinds:
         problems.append(f"--malformed-kinds is empty; choose from {', '.join(MALFORMED_KINDS)} or 'all'")

@@ -81,9 +81,7 @@ class Fleet:
         battery 3.3..4.2: always inside VALID_RANGES.
         """
         r = self._noise
-        temp_offset, humidity_offset, nitrogen_mean, salinity, charge_at_zero, drain, phase = self._constants[
-            dev
-        ]
+        temp_offset, humidity_offset, nitrogen_mean, salinity, charge_at_zero, drain, phase = self._constants[dev]
         drift = self._temp_drift[dev] + (r() - 0.5) * 0.1
         drift = 2.0 if drift > 2.0 else -2.0 if drift < -2.0 else drift
         self._temp_drift[dev] = drift
