@@ -1,0 +1,179 @@
+"""`python -m bench`: run the benchmark on a private native stack; write bench/results/<date>.json and .md."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.ingest import SustainedParams, run_sustained
+from bench.latency import LatencyParams, run_latency
+from bench.merge import MergeParams, run_merge
+from bench.simulator import SimulatorParams, run_simulator
+from bench.stack import BenchStack, bench_stack
+
+SECTIONS = ("simulator", "sustained", "latency", "merge")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark the pipeline on a private Kafka + MinIO stack (temp home, free loopback ports).",
+    )
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of sections (default: all of {SECTIONS})")
+    p.add_argument("--quick", action="store_true", help="small sizes for a smoke check (a few minutes)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
+    p.add_argument("--keep-workdir", action="store_true", help="keep logs and checkpoints (path is printed)")
+    p.add_argument("--no-faults", action="store_true", help="no duplicates/late/malformed messages from sensor-sim")
+    p.add_argument("--sim-confluent-count", type=int, help="messages per confluent run (default 500000)")
+    p.add_argument("--sim-kafka-python-count", type=int, help="messages per kafka-python run (default 100000)")
+    p.add_argument("--sim-repeats", type=int, help="runs per backend, median reported (default 3)")
+    p.add_argument("--sustained-events", type=int, help="messages preloaded for the sustained run (default 1000000)")
+    p.add_argument("--max-offsets-per-trigger", type=int, help="sustained run's batch cap (default 250000)")
+    p.add_argument("--latency-rate", type=int, help="events/s for the latency run (default 5000)")
+    p.add_argument("--latency-duration", type=float, help="seconds of traffic for the latency run (default 90)")
+    p.add_argument("--latency-warmup", type=float, help="seconds of first rows left out (default 10)")
+    p.add_argument("--trigger-interval", help="latency run's trigger interval (default '1 second')")
+    p.add_argument("--merge-sizes", help="table sizes, comma list (default 1000000,10000000)")
+    p.add_argument("--merge-batch", type=int, help="rows per MERGE batch (default 250000)")
+    p.add_argument("--merge-runs", type=int, help="timed runs per size and kind, median reported (default 3)")
+    return p
+
+
+def params_from(args: argparse.Namespace) -> dict[str, Any]:
+    """Every section's parameters: defaults, --quick, then explicit flags."""
+    sim, sus, lat, mer = SimulatorParams(), SustainedParams(), LatencyParams(), MergeParams()
+    if args.quick:
+        sim = replace(sim, counts={"confluent": 50_000, "kafka-python": 10_000}, repeats=1)
+        sus = replace(sus, events=100_000, max_offsets_per_trigger=25_000)
+        lat = replace(lat, rate=1000, duration_s=20.0, warmup_s=5.0)
+        mer = replace(mer, sizes=(100_000, 1_000_000), batch_rows=25_000, runs=1, rows_per_file=25_000,
+                      warmup_rounds=1)  # fmt: skip
+    counts = dict(sim.counts)
+    if args.sim_confluent_count:
+        counts["confluent"] = args.sim_confluent_count
+    if args.sim_kafka_python_count:
+        counts["kafka-python"] = args.sim_kafka_python_count
+    sim = replace(sim, counts=counts, repeats=args.sim_repeats or sim.repeats)
+    sus = replace(
+        sus,
+        events=args.sustained_events or sus.events,
+        max_offsets_per_trigger=args.max_offsets_per_trigger or sus.max_offsets_per_trigger,
+        faults=not args.no_faults,
+    )
+    lat = replace(
+        lat,
+        rate=args.latency_rate or lat.rate,
+        duration_s=args.latency_duration or lat.duration_s,
+        warmup_s=args.latency_warmup if args.latency_warmup is not None else lat.warmup_s,
+        trigger_interval=args.trigger_interval or lat.trigger_interval,
+        faults=not args.no_faults,
+    )
+    if args.merge_sizes:
+        mer = replace(mer, sizes=tuple(int(x) for x in args.merge_sizes.split(",")))
+    mer = replace(mer, batch_rows=args.merge_batch or mer.batch_rows, runs=args.merge_runs or mer.runs)
+    return {"simulator": sim, "sustained": sus, "latency": lat, "merge": mer}
+
+
+def echo_from(started: float) -> Callable[[str], None]:
+    def echo(text: str) -> None:
+        print(f"[{time.monotonic() - started:7.1f}s] {text}", flush=True)
+
+    return echo
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    """The top-level figures, from the sections that ran (None where a section did not run or failed)."""
+    s = result["sections"]
+
+    def get(section: str, key: str) -> Any:
+        data = s.get(section)
+        return data.get(key) if isinstance(data, dict) and "error" not in data else None
+
+    return {
+        "simulator_msgs_per_s": get("simulator", "msgs_per_s"),
+        "sustained_events_per_s": get("sustained", "steady_events_per_s"),
+        "sustained_total_events_per_s": get("sustained", "total_events_per_s"),
+        "latency_p50_s": get("latency", "latency_p50_s"),
+        "latency_p99_s": get("latency", "latency_p99_s"),
+        "merge_time_ratio_10m_over_1m": get("merge", "literal_ratio"),
+        "merge_time_ratio_10m_over_1m_seed": get("merge", "seed_ratio"),
+        "job_rss_peak_gib": get("latency", "job_rss_peak_gib"),
+        "stack_rss_peak_gib": get("latency", "stack_rss_peak_gib"),
+    }
+
+
+def run_sections(stack: BenchStack, workdir: Path, names: Sequence[str], params: dict[str, Any], echo: Any) -> dict:
+    runners: dict[str, Callable[..., dict[str, Any]]] = {
+        "simulator": run_simulator,
+        "sustained": run_sustained,
+        "latency": run_latency,
+        "merge": run_merge,
+    }
+    sections: dict[str, Any] = {}
+    for name in names:
+        started = time.monotonic()
+        echo(f"== {name}")
+        try:
+            sections[name] = runners[name](stack, workdir, params[name], echo=echo)
+        except Exception as e:  # one failed section must not lose the others' figures
+            traceback.print_exc()
+            sections[name] = {"error": f"{type(e).__name__}: {e}"}
+        sections[name]["section_s"] = round(time.monotonic() - started, 1)
+    return sections
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        print(f"bench: unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    params = params_from(args)
+    started = time.monotonic()
+    echo = echo_from(started)
+    today = datetime.now(UTC).date().isoformat()
+    result: dict[str, Any] = {
+        "date": today,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": report.machine(),
+        "git": report.git_commit(),
+        "params": {name: asdict(p) for name, p in params.items()},
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="iotlake-bench-work-"))
+    echo(f"workdir {workdir}; sections {names}")
+    try:
+        with bench_stack(echo=echo) as stack:
+            result["sections"] = run_sections(stack, workdir, names, params, echo)
+    finally:
+        if args.keep_workdir:
+            echo(f"logs and checkpoints kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result["elapsed_s"] = round(time.monotonic() - started, 1)
+    result = {**headline(result), **result}
+    stem = (
+        today if not args.quick and names == list(SECTIONS) else f"{today}-{'quick' if args.quick else '-'.join(names)}"
+    )
+    json_path, md_path = report.write(result, args.out, stem)
+    print()
+    print(report.markdown(result))
+    print(f"wrote {json_path} and {md_path}")
+    return 1 if any("error" in s for s in result["sections"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

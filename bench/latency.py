@@ -1,0 +1,208 @@
+"""Produce -> queryable latency at a fixed rate, with the RSS of the job and of the whole local stack."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from bench.ingest import per_batch, steady_shares
+from bench.job import FAULTS, BenchError, MetricsPoller, Proc, ingest_argv, sim_argv, wait_until_up
+from bench.lake import delta_commits, readings_cdf, trigger_times
+from bench.procs import ProcSampler
+from bench.stack import BenchStack, free_port
+from bench.stats import parse_batch_lines, percentile, summarize
+from streaming.config import Settings, load_settings
+from streaming.status import stream_status
+
+
+@dataclass(frozen=True)
+class LatencyParams:
+    rate: int = 5000
+    duration_s: float = 90.0
+    warmup_s: float = 10.0
+    trigger_interval: str = "1 second"
+    devices: int = 200
+    parcels: int = 20
+    faults: bool = True
+    drain_timeout_s: float = 1200.0
+
+
+def wait_drained(settings: Settings, job: Proc, timeout: float) -> float:
+    """Seconds until the job's checkpoint has every message of the topic (lag 0); BenchError otherwise."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        if not job.alive():
+            raise BenchError(f"the streaming job exited with {job.popen.returncode}:\n{job.tail()}")
+        if stream_status(settings).total_lag == 0:
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise BenchError(f"the stream still lags after {timeout:.0f} s; log {job.log}")
+
+
+def latencies(rows: pa.Table, warmup_s: float) -> tuple[list[float], int]:
+    """Per row: commit timestamp - Kafka timestamp, in s; rows produced in the first warmup_s are left out.
+
+    Returns (latencies, rows left out).
+    """
+    kafka_ms = [t.timestamp() * 1000 for t in rows.column("kafka_timestamp").to_pylist()]
+    commit_ms = [t.timestamp() * 1000 for t in rows.column("_commit_timestamp").to_pylist()]
+    if not kafka_ms:
+        return [], 0
+    cutoff = min(kafka_ms) + warmup_s * 1000
+    kept = [(c - k) / 1000 for k, c in zip(kafka_ms, commit_ms, strict=True) if k >= cutoff]
+    return kept, len(kafka_ms) - len(kept)
+
+
+def steady_latencies(rows: pa.Table) -> list[float]:
+    """Latencies of the rows produced after the first batch with readings committed (JIT warm-up over)."""
+    commit_ms = [t.timestamp() * 1000 for t in rows.column("_commit_timestamp").to_pylist()]
+    kafka_ms = [t.timestamp() * 1000 for t in rows.column("kafka_timestamp").to_pylist()]
+    if not commit_ms:
+        return []
+    first = min(commit_ms)
+    return [(c - k) / 1000 for k, c in zip(kafka_ms, commit_ms, strict=True) if k > first]
+
+
+def commit_clock_check(settings: Settings, rows: pa.Table) -> dict[str, Any]:
+    """How the CDF's _commit_timestamp compares with each commit's commitInfo.timestamp (precision check)."""
+    commits = {c.version: c for c in delta_commits(settings, settings.tables.readings.name)}
+    versions = rows.column("_commit_version").to_pylist()
+    stamps = rows.column("_commit_timestamp").to_pylist()
+    seen: dict[int, float] = {}
+    for v, t in zip(versions, stamps, strict=True):
+        seen.setdefault(int(v), t.timestamp() * 1000)
+    diffs = [seen[v] - commits[v].timestamp_ms for v in seen if v in commits]
+    visible = [
+        (commits[v].written_ms or 0) - seen[v] for v in seen if v in commits and commits[v].written_ms is not None
+    ]
+    sub_second = sum(1 for v in seen.values() if v % 1000) / max(len(seen), 1)
+    return {
+        "versions": len(seen),
+        "cdf_minus_commitinfo_ms": summarize(diffs, 1),
+        "commit_file_written_after_cdf_timestamp_ms": summarize(visible, 1),
+        "cdf_timestamps_with_ms_fraction": round(sub_second, 3),
+    }
+
+
+def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: Any = print) -> dict[str, Any]:
+    """Job running continuously, sensor-sim at a fixed rate, drain, stop; latencies from the CDF."""
+    metrics_port = free_port()
+    env = stack.workload(
+        "latency",
+        workdir,
+        IOTLAKE_INGEST__TRIGGER_INTERVAL=params.trigger_interval,
+        IOTLAKE_INGEST__METRICS_PORT=str(metrics_port),
+    )
+    settings = load_settings(env=env)
+    checkpoint = Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"])
+    poller = MetricsPoller(f"http://127.0.0.1:{metrics_port}/metrics")
+    sampler = ProcSampler()
+    for name, pid in stack.service_pids().items():
+        sampler.track(name, pid)
+    job = Proc.spawn("ingest", ingest_argv(available_now=False), env, workdir / "latency-ingest.log")
+    sampler.track("job", job.pid)
+    sampler.start()
+    poller.start()
+    sim: Proc | None = None
+    summary_path = workdir / "latency-sim.json"
+    try:
+        up_s = wait_until_up(job, poller, timeout=600)
+        echo(f"latency: job up after {up_s:.0f} s; sensor-sim at {params.rate}/s for {params.duration_s:.0f} s")
+        argv = sim_argv(
+            settings.kafka.bootstrap_servers,
+            settings.kafka.topic,
+            summary_path,
+            rate=params.rate,
+            duration=params.duration_s,
+            extra=(
+                "--devices", str(params.devices), "--parcels", str(params.parcels),
+                *(FAULTS if params.faults else ()),
+            ),
+        )  # fmt: skip
+        sim = Proc.spawn("sensor-sim", argv, env, workdir / "latency-sim.log")
+        sampler.track("simulator", sim.pid)
+        sim_code = sim.wait(params.duration_s + 180)
+        if sim_code != 0:
+            raise BenchError(f"sensor-sim exited {sim_code}:\n{sim.tail()}")
+        drain_s = wait_drained(settings, job, params.drain_timeout_s)
+        echo(f"latency: drained {drain_s:.1f} s after the simulator stopped; stopping the job (SIGTERM)")
+    finally:
+        if sim is not None:
+            sim.stop()
+        code = job.stop(timeout=180)
+        poller.stop()
+        sampler.stop()
+    if code not in (0, None):
+        raise BenchError(f"iotlake ingest exited {code} after SIGTERM:\n{job.tail()}")
+    rows = readings_cdf(settings)
+    values, warm = latencies(rows, params.warmup_s)
+    if not values:
+        raise BenchError("no readings rows after the warm-up window")
+    batches = parse_batch_lines(job.text())
+    parts = per_batch(settings, batches, checkpoint)
+    shares = steady_shares(parts)
+    triggers = [t.committed - t.planned for t in trigger_times(checkpoint) if t.committed is not None]
+    result = {
+        "rows": rows.num_rows,
+        "rows_after_warmup": len(values),
+        "warmup_rows_left_out": warm,
+        "latency_s": summarize(values),
+        "latency_p50_s": round(percentile(values, 50), 3),
+        "latency_p99_s": round(percentile(values, 99), 3),
+        "latency_s_produced_after_first_commit": summarize(steady_latencies(rows)),
+        "commit_clock": commit_clock_check(settings, rows),
+        "job_until_metrics_up_s": round(up_s, 2),
+        "drain_after_sim_s": round(drain_s, 2),
+        "simulator": _load_json(summary_path),
+        "batches": len(batches),
+        "batch_messages": summarize([b.messages for b in batches], 1),
+        "batch_seconds": summarize([b.seconds for b in batches]),
+        "trigger_seconds": summarize(triggers),
+        "share_of_batch_time": shares,
+        "batch_parts_mean_s": {
+            k: round(sum(p.get(k, 0.0) for p in parts[1:]) / max(len(parts) - 1, 1), 3) for k in shares
+        },
+        "bound": latency_bound(percentile([b.seconds for b in batches], 50) if batches else 0.0, shares),
+        "progress_phases_s": poller.reports[-20:],
+        "progress_phase_means_s": _phase_means(poller.reports),
+        "procs": sampler.summary(),
+        "job_rss_peak_gib": sampler.peak_gib("job"),
+        "stack_rss_peak_gib": sampler.peak_gib("all"),
+    }
+    echo(
+        f"latency: p50 {result['latency_p50_s']:.2f} s, p99 {result['latency_p99_s']:.2f} s over "
+        f"{len(values):,} rows; RSS peak job {result['job_rss_peak_gib']:.2f} GiB, "
+        f"stack {result['stack_rss_peak_gib']:.2f} GiB"
+    )
+    return result
+
+
+def latency_bound(batch_p50_s: float, shares: dict[str, float]) -> str:
+    """Latency is waiting for the next trigger plus one whole batch; what that batch spends its time on."""
+    top = sorted(shares.items(), key=lambda kv: -kv[1])[:3]
+    parts = ", ".join(f"{k} {v:.0%}" for k, v in top)
+    return f"a row waits for the running batch to end, then for its own batch (p50 {batch_p50_s:.1f} s): {parts}"
+
+
+def _phase_means(reports: list[dict[str, Any]]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for r in reports:
+        for phase, s in r["phases_s"].items():
+            sums[phase] = sums.get(phase, 0.0) + s
+    return {p: round(v / len(reports), 3) for p, v in sorted(sums.items())} if reports else {}
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    import json
+
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {
+        k: data[k] for k in ("sent_total", "valid_distinct", "duplicates", "malformed_total", "msgs_per_s") if k in data
+    }

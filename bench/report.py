@@ -1,0 +1,215 @@
+"""The results file (JSON) and its short markdown table, with the targets compared honestly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streaming.config import PROJECT_ROOT
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str
+    label: str
+    unit: str
+    goal: str
+    met: Callable[[float], bool]
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("simulator_msgs_per_s.confluent", "simulator, confluent", "msgs/s", ">= 200,000", lambda v: v >= 200_000),
+    Target("simulator_msgs_per_s.kafka-python", "simulator, kafka-python", "msgs/s", "(none)", lambda v: True),
+    Target("sustained_events_per_s", "sustained ingest, steady state", "events/s", ">= 50,000", lambda v: v >= 50_000),
+    Target("sustained_total_events_per_s", "sustained ingest, incl. start-up", "events/s", "(none)", lambda v: True),
+    Target("latency_p50_s", "latency p50 at fixed rate", "s", "(none)", lambda v: True),
+    Target("latency_p99_s", "latency p99 at fixed rate", "s", "<= 4", lambda v: v <= 4),
+    Target("merge_time_ratio_10m_over_1m", "MERGE time 10M / 1M (job's literal MERGE)", "x", "<= 1.2",
+           lambda v: v <= 1.2),
+    Target("merge_time_ratio_10m_over_1m_seed", "MERGE time 10M / 1M (seed-style, no literals)", "x", "(none)",
+           lambda v: True),
+    Target("job_rss_peak_gib", "streaming job RSS peak (python + JVM)", "GiB", "<= 4", lambda v: v <= 4),
+    Target("stack_rss_peak_gib", "whole stack RSS peak", "GiB", "(none)", lambda v: True),
+)  # fmt: skip
+
+
+def lookup(data: Mapping[str, Any], dotted: str) -> Any:
+    """data['a']['b'] for 'a.b'; None when any part is missing."""
+    node: Any = data
+    head, _, rest = dotted.partition(".")
+    node = node.get(head) if isinstance(node, Mapping) else None
+    if rest and isinstance(node, Mapping):
+        return node.get(rest)
+    return None if rest else node
+
+
+def machine() -> dict[str, Any]:
+    """Cores, memory, CPU model and load average of this machine."""
+    mem_kib = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kib = int(line.split()[1])
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 1024**2, 1),
+        "cpu_model": model,
+        "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
+    }
+
+
+def git_commit(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """HEAD's commit and whether the working tree has changes (other people edit it while we run)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty_paths": git("status", "--porcelain").splitlines()}
+
+
+def fmt(value: Any, unit: str) -> str:
+    if value is None:
+        return "not run"
+    if isinstance(value, float | int):
+        if unit in ("msgs/s", "events/s"):
+            return f"{value:,.0f} {unit}"
+        return f"{value:.2f} {unit}" if unit != "x" else f"{value:.2f}x"
+    return str(value)
+
+
+def verdict(value: Any, target: Target) -> str:
+    if value is None:
+        return "-"
+    if target.goal == "(none)":
+        return "(reported)"
+    return "met" if target.met(float(value)) else "**not met**"
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """A short report: the figures against the targets, then what bounds them."""
+    m = result["machine"]
+    lines = [
+        f"# iotlake benchmark, {result['date']}",
+        "",
+        f"Commit `{result['git']['commit'][:12]}`"
+        + (" (working tree had uncommitted changes by others)" if result["git"]["dirty_paths"] else "")
+        + f"; {m['cores']} cores, {m['memory_gib']} GiB, load average at start {' '.join(m['loadavg_at_start'])}; "
+        f"command `{result['command']}`; {result['elapsed_s'] / 60:.0f} min. Other work shared the machine: "
+        "compare figures within this run, not across runs.",
+        "",
+        "| figure | value | target | verdict |",
+        "|---|---|---|---|",
+    ]
+    for t in TARGETS:
+        value = lookup(result, t.key)
+        lines.append(f"| {t.label} | {fmt(value, t.unit)} | {t.goal} | {verdict(value, t)} |")
+    lines += ["", *notes(result)]
+    return "\n".join(lines) + "\n"
+
+
+def notes(result: Mapping[str, Any]) -> list[str]:
+    """Bullet points on what each figure means and what bounds it."""
+    out: list[str] = []
+    s = result["sections"]
+    sim = s.get("simulator")
+    if sim and "error" not in sim:
+        runs = {b: [round(r["msgs_per_s"]) for r in rs] for b, rs in sim["runs"].items()}
+        out.append(f"- **Simulator**: median of runs {runs} (msgs/s), `--rate 0`, fresh topic each run.")
+    sus = s.get("sustained")
+    if sus and "error" not in sus:
+        out.append(
+            f"- **Sustained ingest**: {sus['events']:,} preloaded messages (fault mix of `make run`), "
+            f"`--available-now`, maxOffsetsPerTrigger {result['params']['sustained']['max_offsets_per_trigger']:,}: "
+            f"job wall {sus['job_wall_s']:.0f} s (start-up {sus['job_startup_s']} s), "
+            f"{len(sus['batches'])} batches. Steady state = after batch 0, from the job's batch log times. "
+            f"Bound: {sus['bound']}."
+        )
+        out.append("")
+        out.append("  | batch | messages | foreachBatch s | " + " | ".join(_share_keys(sus)) + " |")
+        out.append("  |---|---|---|" + "---|" * len(_share_keys(sus)))
+        for b in sus["batches"]:
+            cells = " | ".join(f"{b.get(k, 0):.1f}" for k in _share_keys(sus))
+            out.append(f"  | {b['batch_id']} | {b['messages']:,} | {b['foreach_batch_s']:.1f} | {cells} |")
+        out.append("")
+        out.append(
+            "  Parts from the job's log line and Delta commits (MERGE = Delta executionTimeMs); "
+            "outside_foreach_batch_s = checkpoint trigger time minus foreachBatch."
+        )
+        out.append("")
+    lat = s.get("latency")
+    if lat and "error" not in lat:
+        p = result["params"]["latency"]
+        out.append(
+            f"- **Latency**: sensor-sim at {p['rate']:,}/s for {p['duration_s']:.0f} s into the running job "
+            f"(trigger {p['trigger_interval']}); latency = readings CDF `_commit_timestamp` - `kafka_timestamp` over "
+            f"{lat['rows_after_warmup']:,} rows; the first {p['warmup_s']:.0f} s of production "
+            f"({lat['warmup_rows_left_out']:,} rows) left out as warm-up. Rows produced after the first readings "
+            f"commit only: p50 {lat['latency_s_produced_after_first_commit'].get('p50', 0):.2f} s, "
+            f"p99 {lat['latency_s_produced_after_first_commit'].get('p99', 0):.2f} s. Batches: "
+            f"{lat['batches']} with {lat['batch_messages'].get('p50', 0):,.0f} messages (p50) taking "
+            f"{lat['batch_seconds'].get('p50', 0):.1f} s (p50 foreachBatch), "
+            f"{lat['trigger_seconds'].get('p50', 0):.1f} s (p50 whole trigger). "
+            f"Mean progress phases (s): {lat['progress_phase_means_s']}. Bound: {lat['bound']}."
+        )
+        out.append(
+            f"- **RSS** (sampled every second from /proc during the latency run): "
+            f"job {lat['job_rss_peak_gib']:.2f} GiB, stack {lat['stack_rss_peak_gib']:.2f} GiB; "
+            f"per part {lat['procs']['rss_peak_gib']}."
+        )
+        if sus and "error" not in sus:
+            out.append(f"  During the sustained run the job peaked at {sus['job_rss_peak_gib']:.2f} GiB.")
+    mer = s.get("merge")
+    if mer and "error" not in mer:
+        out.append(
+            "- **MERGE** on MinIO, batch of "
+            f"{result['params']['merge']['batch_rows']:,} rows (~1% duplicates, ~0.5% late), median of "
+            f"{result['params']['merge']['runs']} runs, table restored after each run:"
+        )
+        out.append("")
+        out.append(
+            "  | table rows | files | literal MERGE s | target files read | seed-style MERGE s | target files read |"
+        )
+        out.append("  |---|---|---|---|---|---|")
+        for size, d in mer["sizes"].items():
+            lit, seed = d["literal"], d["seed"]
+            out.append(
+                f"  | {int(size):,} | {d['files']} | {lit['median_s']:.2f} | {_files(lit)} | "
+                f"{seed['median_s']:.2f} | {_files(seed)} |"
+            )
+        out.append("")
+    for name, sec in s.items():
+        if sec and "error" in sec:
+            out.append(f"- **{name}** failed: {sec['error'][:500]}")
+    return out
+
+
+def _share_keys(sus: Mapping[str, Any]) -> list[str]:
+    keys: list[str] = []
+    for b in sus["batches"]:
+        for k in b:
+            if k.endswith("_s") and k not in ("foreach_batch_s",) and k not in keys:
+                keys.append(k)
+    return keys
+
+
+def _files(kind: Mapping[str, Any]) -> str:
+    values = sorted({int(r["scan"].get("files_read", -1)) for r in kind["runs"]})
+    return "/".join(str(v) for v in values if v >= 0) or "?"
+
+
+def write(result: Mapping[str, Any], out_dir: Path, stem: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(result, indent=2, sort_keys=False, default=str) + "\n")
+    md_path.write_text(markdown(result))
+    return json_path, md_path

@@ -1,0 +1,189 @@
+"""The benchmark's pure helpers: percentiles, /proc parsing, log and metrics parsing, breakdown, report."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from bench import report
+from bench.procs import descendants, parse_cpu_line, parse_stat, parse_vmrss_bytes
+from bench.stats import (
+    BatchLine,
+    Commit,
+    batch_breakdown,
+    median,
+    parse_batch_lines,
+    parse_commit,
+    parse_metrics,
+    percentile,
+    phases,
+    steady_rate,
+    summarize,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 99) == pytest.approx(3.97)
+    assert percentile([7.0], 99) == 7.0
+    assert median([3.0, 1.0, 2.0]) == 2.0
+
+
+def test_percentile_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize() -> None:
+    s = summarize([1.0, 2.0, 3.0])
+    assert s["count"] == 3 and s["p50"] == 2.0 and s["max"] == 3.0 and s["mean"] == 2.0
+    assert summarize([]) == {"count": 0}
+
+
+STATUS = """Name:\tjava
+State:\tS (sleeping)
+VmPeak:\t 5303212 kB
+VmRSS:\t 1665620 kB
+RssAnon:\t 1600000 kB
+"""
+
+
+def test_vmrss_in_bytes() -> None:
+    assert parse_vmrss_bytes(STATUS) == 1665620 * 1024
+    assert parse_vmrss_bytes("Name:\tkthreadd\nState:\tS\n") is None
+
+
+def test_stat_with_spaces_and_parens_in_comm() -> None:
+    fields = ["S", "42"] + ["0"] * 9 + ["150", "50"] + ["0"] * 30
+    text = "1234 (my (odd) proc) " + " ".join(fields)
+    assert parse_stat(text) == (42, 200)
+
+
+def test_machine_cpu_line() -> None:
+    busy, total = parse_cpu_line("cpu  100 5 50 800 40 3 2 0 0 0\ncpu0 1 2 3 4\n")
+    assert total == 1000
+    assert busy == 1000 - 800 - 40
+
+
+def test_descendants_follow_the_tree_only() -> None:
+    parent_of = {1: 0, 10: 1, 11: 10, 12: 11, 20: 1, 21: 20}
+    assert descendants([10], parent_of) == {10, 11, 12}
+    assert descendants([10, 20], parent_of) == {10, 11, 12, 20, 21}
+    assert descendants([99], parent_of) == set()
+
+
+LOG = """\
+2026-11-30 12:08:20,049 INFO iotlake.ingest: streaming query 1a4d started (checkpoint /tmp/c)
+2026-11-30 12:09:41,486 INFO iotlake.ingest: batch 0: 230000 messages {'ok': 229000, 'quarantine': 1000}, \
+228000 readings inserted, 100 device states, 78.2 s
+some other line
+2026-11-30 12:10:01,486 INFO iotlake.ingest: batch 1: 250000 messages {'ok': 250000}, 249000 readings inserted, \
+200 device states, 19.5 s
+2026-11-30 12:10:21,486 INFO iotlake.ingest: batch 2: 250000 messages {'ok': 250000}, 250000 readings inserted, \
+200 device states, 19.0 s
+"""
+
+
+def test_batch_lines_and_steady_rate() -> None:
+    lines = parse_batch_lines(LOG)
+    assert [b.batch_id for b in lines] == [0, 1, 2]
+    assert lines[0].messages == 230000 and lines[0].inserted == 228000 and lines[0].seconds == 78.2
+    assert lines[1].logged_at == datetime(2026, 11, 30, 12, 10, 1, 486000)
+    # batches 1 and 2: 500k messages between 12:09:41.486 and 12:10:21.486
+    assert steady_rate(lines) == pytest.approx(500000 / 40)
+    assert steady_rate(lines[:1]) is None
+
+
+def test_metrics_and_phases() -> None:
+    text = (
+        "# HELP iot_ingest_batch_phase_seconds x\n# TYPE iot_ingest_batch_phase_seconds gauge\n"
+        'iot_ingest_batch_phase_seconds{phase="addBatch"} 12.5\n'
+        'iot_ingest_batch_phase_seconds{phase="walCommit"} 0.1\n'
+        "# HELP iot_ingest_query_up x\n# TYPE iot_ingest_query_up gauge\niot_ingest_query_up 1.0\n"
+    )
+    metrics = parse_metrics(text)
+    assert metrics[("iot_ingest_query_up", ())] == 1.0
+    assert phases(metrics) == {"addBatch": 12.5, "walCommit": 0.1}
+
+
+def test_parse_commit() -> None:
+    text = (
+        '{"commitInfo":{"timestamp":1796040571344,"operation":"MERGE",'
+        '"operationMetrics":{"executionTimeMs":"19520","numTargetRowsInserted":"230000"}}}\n'
+        '{"txn":{"appId":"q-readings","version":7}}\n'
+        '{"add":{"path":"x.parquet"}}\n'
+    )
+    c = parse_commit(3, text)
+    assert (c.version, c.timestamp_ms, c.operation, c.txn_versions) == (3, 1796040571344, "MERGE", (7,))
+    assert c.metrics["executionTimeMs"] == "19520"
+
+
+def _commit(at_s: float, exec_ms: int = 0) -> Commit:
+    return Commit(1, int(at_s * 1000), "MERGE", {"executionTimeMs": str(exec_ms)}, (0,))
+
+
+def _line(end: datetime, seconds: float) -> BatchLine:
+    return BatchLine(0, 100, 100, seconds, end)
+
+
+def test_breakdown_sequential_writer_adds_up() -> None:
+    end = datetime(2026, 11, 30, 12, 0, 20)
+    t0 = end.timestamp() - 20.0
+    parts = batch_breakdown(_line(end, 20.0), _commit(t0 + 8), _commit(t0 + 14, 4000), _commit(t0 + 19, 3000))
+    assert parts["validate_count_quarantine_s"] == 8.0
+    assert parts["readings_rows_span_s"] == 2.0
+    assert parts["readings_merge_s"] == 4.0
+    assert parts["between_merges_s"] == 2.0
+    assert parts["device_state_merge_s"] == 3.0
+    assert parts["after_merges_s"] == 1.0
+    assert sum(v for k, v in parts.items() if k != "foreach_batch_s") == pytest.approx(20.0)
+
+
+def test_breakdown_quarantine_beside_the_merges() -> None:
+    end = datetime(2026, 11, 30, 12, 0, 20)
+    t0 = end.timestamp() - 20.0
+    parts = batch_breakdown(_line(end, 20.0), _commit(t0 + 12), _commit(t0 + 14, 4000), _commit(t0 + 19, 3000))
+    assert parts["before_readings_merge_s"] == 10.0
+    assert parts["quarantine_committed_at_s"] == 12.0
+    assert "validate_count_quarantine_s" not in parts
+    summed = sum(v for k, v in parts.items() if k not in ("foreach_batch_s", "quarantine_committed_at_s"))
+    assert summed == pytest.approx(20.0)
+
+
+def test_lookup_and_verdicts() -> None:
+    data = {"simulator_msgs_per_s": {"confluent": 250000.0}, "latency_p99_s": 5.0}
+    assert report.lookup(data, "simulator_msgs_per_s.confluent") == 250000.0
+    assert report.lookup(data, "simulator_msgs_per_s.kafka-python") is None
+    assert report.lookup(data, "missing") is None
+    targets = {t.key: t for t in report.TARGETS}
+    assert report.verdict(250000.0, targets["simulator_msgs_per_s.confluent"]) == "met"
+    assert report.verdict(5.0, targets["latency_p99_s"]) == "**not met**"
+    assert report.verdict(None, targets["latency_p99_s"]) == "-"
+    assert report.fmt(1234567.0, "msgs/s") == "1,234,567 msgs/s"
+    assert report.fmt(1.234, "x") == "1.23x"
+    assert report.fmt(None, "s") == "not run"
+
+
+def test_markdown_with_sections_missing() -> None:
+    result = {
+        "date": "2026-11-30",
+        "git": {"commit": "abcdef1234567890", "dirty_paths": []},
+        "machine": {"cores": 2, "memory_gib": 23.5, "loadavg_at_start": ["1.0", "2.0", "3.0"]},
+        "command": "python -m bench --only simulator",
+        "elapsed_s": 120.0,
+        "params": {},
+        "sections": {"simulator": {"msgs_per_s": {"confluent": 1.0}, "runs": {"confluent": [{"msgs_per_s": 1.0}]}}},
+        "simulator_msgs_per_s": {"confluent": 210000.0, "kafka-python": 12000.0},
+        "latency_p99_s": None,
+    }
+    text = report.markdown(result)
+    assert "| simulator, confluent | 210,000 msgs/s | >= 200,000 | met |" in text
+    assert "| latency p99 at fixed rate | not run | <= 4 | - |" in text
