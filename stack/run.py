@@ -68,7 +68,7 @@ def _spawn(name: str, argv: list[str], layout: StackLayout, env: dict[str, str])
 
 
 def scrape(url: str) -> dict[str, float]:
-    """Sum of each sample name (labels folded) from a Prometheus /metrics page; {} when it doesn't answer."""
+    """Samples of a Prometheus /metrics page, by name (labels summed) and by name{labels}; {} if it's down."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             text = response.read().decode()
@@ -78,6 +78,9 @@ def scrape(url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            if labels:
+                totals[f"{sample.name}{{{labels}}}"] = sample.value
     return totals
 
 
@@ -116,7 +119,7 @@ def _live_line(started: float, settings: Settings, metrics: dict[str, float], la
     shown = " ".join(f"{name}=v{v if v is not None else '-'}" for name, v in versions.items())
     return (
         f"[{now - started:6.0f}s] produced {produced:>9,} ({rate:>8,.0f}/s)  "
-        f"merged {int(metrics.get('iot_ingest_merged_rows_total', 0)):>9,}  "
+        f"readings +{int(metrics.get('iot_ingest_merged_rows_total{kind=inserted,table=readings}', 0)):>9,}  "
         f"quarantined {int(metrics.get('iot_ingest_quarantined_rows_total', 0)):>6,}  "
         f"lag {stream.total_lag:>7,}  batches {int(metrics.get('iot_ingest_batches_total', 0)):>4}  {shown}"
     )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -22,6 +23,8 @@ from streaming.schema import (
 from streaming.schema import Column as SchemaColumn
 
 KEEP = ("ok", "warn")
+TIME_BUCKET_MS = 10 * 60 * 1000  # divides a day: a bucket never spans two event dates
+MAX_TIME_RANGES = 16
 EVOLVABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _VARIANT_TYPES: dict[str, T.DataType] = {
     "BOOLEAN": T.BooleanType(),
@@ -64,8 +67,19 @@ def validate(raw: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
             F.when(F.col(f"typed.{CORRUPT}").isNotNull(), F.from_json("value_text", text_event_schema(extra))),
         )
     )
-    reasons = reason_codes(rules, info.now_ms)
-    return parsed.withColumn("reasons", reasons).withColumn("action", action_of(rules, F.col("reasons")))
+    validated = parsed.withColumn("reasons", reason_codes(rules, info.now_ms))
+    validated = validated.withColumn("action", action_of(rules, F.col("reasons")))
+    if rules.allow_new_fields:
+        known = F.array(*[F.lit(n) for n in rules.known_fields])
+        validated = validated.withColumn(
+            "new_fields", F.when(F.col("action").isin(*KEEP), F.array_except(F.col("json_keys"), known))
+        )
+    # Only what the writes need is kept (and cached): the parse helpers go.
+    return validated.drop("json_keys", "text")
+
+
+def _event_date(epoch_ms: Column) -> Column:
+    return F.date_from_unix_date(F.floor(epoch_ms / 86_400_000).cast("int"))
 
 
 def _kafka_columns() -> list[Column]:
@@ -94,7 +108,7 @@ def readings(validated: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
     extra = [F.col(f"typed.{c.name}").alias(c.name) for c in rules.extra_columns]
     rows = validated.where(F.col("action").isin(*KEEP)).select(
         *fields,
-        F.date_from_unix_date(F.floor(event_time_ms / 86_400_000).cast("int")).alias("event_date"),
+        _event_date(event_time_ms).alias("event_date"),
         *_kafka_columns(),
         *_ingest_columns(info),
         F.when(F.col("action") == "warn", F.col("reasons"))
@@ -139,15 +153,92 @@ def quarantine(validated: DataFrame, info: BatchInfo) -> DataFrame:
     )
 
 
-def outcome_counts(validated: DataFrame) -> DataFrame:
-    """(action, reasons, count): a handful of rows that every batch statistic is computed from."""
-    return validated.groupBy("action", "reasons").count()
+@dataclass(frozen=True)
+class BatchStats:
+    """Everything the driver needs to know about a validated batch, from one small aggregation."""
+
+    by_action: dict[str, int]
+    quarantined_by_rule: dict[str, int]
+    failed: dict[str, int]  # reason -> messages, for rules whose action is `fail`
+    dates: tuple[date, ...]  # event dates of the kept rows: the MERGE's literal partitions
+    buckets: tuple[int, ...]  # event-time buckets (epoch ms // TIME_BUCKET_MS) of the kept rows
+    newest_event_ms: int | None  # the newest event time among the kept rows
+
+    @property
+    def messages(self) -> int:
+        return sum(self.by_action.values())
+
+    @property
+    def kept(self) -> int:
+        return sum(self.by_action.get(a, 0) for a in KEEP)
 
 
-def new_field_names(validated: DataFrame, rules: Rules) -> Column:
-    """Per kept row: the keys no column holds yet, the candidates for schema evolution."""
-    known = F.array(*[F.lit(n) for n in rules.known_fields])
-    return F.when(F.col("action").isin(*KEEP), F.array_except(F.col("json_keys"), known))
+def batch_stats(validated: DataFrame, rules: Rules) -> DataFrame:
+    """Rows per (action, reasons, event-time bucket of kept rows), with their newest event time.
+
+    Only counts and a max: a hash aggregate, a handful of rows. Dates follow from the buckets.
+    """
+    kept = F.col("action").isin(*KEEP)
+    event_ms = F.col("typed.event_time")
+    return validated.groupBy("action", "reasons", F.when(kept, F.floor(event_ms / TIME_BUCKET_MS)).alias("bucket")).agg(
+        F.count(F.lit(1)).alias("rows"), F.max(F.when(kept, event_ms)).alias("newest")
+    )
+
+
+def new_field_names(validated: DataFrame) -> list[str]:
+    """Keys of kept rows that no column holds yet: the candidates for schema evolution (evolution only)."""
+    return sorted(r[0] for r in validated.select(F.explode("new_fields")).distinct().collect())
+
+
+def summarize(rows: list[Row], rules: Rules) -> BatchStats:
+    """Fold batch_stats rows into counts by action and rule, plus the kept rows' dates and buckets."""
+    by_action: dict[str, int] = {}
+    by_rule: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    buckets: set[int] = set()
+    newest: int | None = None
+    for row in rows:
+        action, reasons, count = row["action"], row["reasons"], row["rows"]
+        by_action[action] = by_action.get(action, 0) + count
+        if action == "quarantine":
+            for rule in {r.split(":")[0] for r in reasons}:
+                by_rule[rule] = by_rule.get(rule, 0) + count
+        if action == "fail":
+            for reason in reasons:
+                if rules.action(reason.split(":")[0]) == "fail":
+                    failed[reason] = failed.get(reason, 0) + count
+        if row["bucket"] is not None:
+            buckets.add(int(row["bucket"]))
+        if row["newest"] is not None:
+            newest = max(newest or 0, int(row["newest"]))
+    dates = sorted({datetime.fromtimestamp(b * TIME_BUCKET_MS / 1000, UTC).date() for b in buckets})
+    return BatchStats(by_action, by_rule, failed, tuple(dates), tuple(sorted(buckets)), newest)
+
+
+def time_ranges(buckets: Iterable[int], width_ms: int = TIME_BUCKET_MS) -> list[tuple[datetime, datetime]]:
+    """Contiguous event-time ranges covering the given bucket numbers (epoch ms // width_ms).
+
+    Late events make a batch's [min, max] span hours; a few narrow ranges keep file skipping effective.
+    At most MAX_TIME_RANGES ranges: the smallest gaps are closed first.
+    """
+    ordered = sorted(set(buckets))
+    if not ordered:
+        return []
+    spans: list[list[int]] = [[ordered[0], ordered[0]]]
+    for b in ordered[1:]:
+        if b == spans[-1][1] + 1:
+            spans[-1][1] = b
+        else:
+            spans.append([b, b])
+    while len(spans) > MAX_TIME_RANGES:
+        gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
+        i = gaps.index(min(gaps))
+        spans[i : i + 2] = [[spans[i][0], spans[i + 1][1]]]
+
+    def at(ms: int) -> datetime:
+        return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
+
+    return [(at(lo * width_ms), at((hi + 1) * width_ms - 1)) for lo, hi in spans]
 
 
 def infer_new_columns(validated: DataFrame, names: list[str]) -> tuple[list[SchemaColumn], list[str]]:

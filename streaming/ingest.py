@@ -8,11 +8,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 from pyspark.sql.streaming.listener import (
     QueryIdleEvent,
@@ -29,7 +30,7 @@ from streaming.metrics import IngestMetrics
 from streaming.preflight import check_kafka, check_storage
 from streaming.rules import Rules
 from streaming.session import build_session
-from streaming.tables import TIME_BUCKET_MS, LakeTables, Txn, time_ranges
+from streaming.tables import LakeTables, Txn
 
 log = logging.getLogger("iotlake.ingest")
 QUERY_NAME = "iotlake_ingest"
@@ -72,10 +73,18 @@ class BatchWriter:
         query_id = self.spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"
         validated = batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            counts = batch.outcome_counts(validated).collect()
-            if self.rules.allow_new_fields:
-                validated, counts = self._evolve(raw, validated, counts, info)
-            report = self._write(validated, counts, info, query_id, started)
+            new_fields = batch.new_field_names(validated) if self.rules.allow_new_fields else []
+            if new_fields:
+                validated = self._evolve(raw, validated, new_fields, info)
+            stats = batch.summarize(batch.batch_stats(validated, self.rules).collect(), self.rules)
+            if stats.failed:
+                reason, rows = next(iter(stats.failed.items()))
+                raise ValidationFailure(
+                    f"Validation rule {reason!r} has action 'fail' and matched {rows} message(s) in batch "
+                    f"{batch_id}; the stream stops before writing it. Fix the producer, or change "
+                    f"validation.actions.{reason.split(':')[0]} to quarantine, drop or warn."
+                )
+            report = self._write(validated, stats, info, query_id, started)
         finally:
             validated.unpersist()
         self._record(report)
@@ -83,14 +92,8 @@ class BatchWriter:
         if crash_after is not None and batch_id == crash_after:
             _crash(batch_id)
 
-    def _evolve(
-        self, raw: DataFrame, validated: DataFrame, counts: list, info: batch.BatchInfo
-    ) -> tuple[DataFrame, list]:
+    def _evolve(self, raw: DataFrame, validated: DataFrame, names: list[str], info: batch.BatchInfo) -> DataFrame:
         """Add new optional fields as columns (inferred types), or mark the ones that can't evolve."""
-        new = batch.new_field_names(validated, self.rules)
-        names = sorted(r[0] for r in validated.select(F.explode(new)).distinct().collect())
-        if not names:
-            return validated, counts
         columns, refused = batch.infer_new_columns(validated, names)
         self.rules = replace(
             self.rules,
@@ -99,69 +102,71 @@ class BatchWriter:
         )
         log.warning("schema evolution: adding %s; not evolvable: %s", [c.name for c in columns], refused)
         validated.unpersist()
-        again = batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
-        return again, batch.outcome_counts(again).collect()
+        return batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
 
     def _write(
-        self, validated: DataFrame, counts: list, info: batch.BatchInfo, query_id: str, started: float
+        self, validated: DataFrame, stats: batch.BatchStats, info: batch.BatchInfo, query_id: str, started: float
     ) -> BatchReport:
-        by_action: dict[str, int] = {}
-        by_rule: dict[str, int] = {}
-        for action, reasons, rows in counts:
-            if action == "fail":
-                failed = [r for r in reasons if self.rules.action(r.split(":")[0]) == "fail"]
-                raise ValidationFailure(
-                    f"Validation rule {failed[0]!r} has action 'fail' and matched {rows} message(s) in batch "
-                    f"{info.batch_id}; the stream stops before writing it. Fix the producer, or change "
-                    f"validation.actions.{failed[0].split(':')[0]} to quarantine, drop or warn."
-                )
-            by_action[action] = by_action.get(action, 0) + rows
-            if action == "quarantine":
-                for rule in {r.split(":")[0] for r in reasons}:
-                    by_rule[rule] = by_rule.get(rule, 0) + rows
-        input_rows = sum(by_action.values())
+        """Quarantine append in a second thread, beside the readings and device_state MERGEs.
 
+        The append carries its transaction id as writer options, the MERGEs as session settings, so the
+        two don't interfere; either failing fails the batch, which then replays.
+        """
         exactly_once = self.settings.ingest.exactly_once
 
         def txn(table: str) -> Txn | None:
             return Txn(f"{query_id}-{table}", info.batch_id) if exactly_once else None
 
-        if by_action.get("quarantine"):
-            self.tables.append_quarantine(batch.quarantine(validated, info), txn("quarantine"))
+        quarantine_error: list[BaseException] = []
 
-        inserted = device_updates = 0
-        if by_action.get("ok", 0) + by_action.get("warn", 0):
-            rows = batch.readings(validated, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+        def append_quarantine() -> None:
             try:
-                span = rows.agg(
-                    F.collect_set("event_date").alias("dates"),
-                    F.collect_set(F.floor(F.unix_millis("event_time") / TIME_BUCKET_MS)).alias("buckets"),
-                    F.max("event_time").alias("high"),
-                ).first()
-                assert span is not None
-                evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
-                ranges = time_ranges(int(b) for b in span["buckets"])
-                merged = self.tables.merge_readings(rows, span["dates"], ranges, txn("readings"), evolve)
-                state = self.tables.upsert_device_state(batch.latest_per_device(rows), txn("device_state"), evolve)
-                inserted, device_updates = merged.inserted, state.inserted + state.updated
-                self.metrics.merged.labels("readings", "inserted").inc(merged.inserted)
-                self.metrics.merged.labels("device_state", "inserted").inc(state.inserted)
-                self.metrics.merged.labels("device_state", "updated").inc(state.updated)
-                kept = by_action.get("ok", 0) + by_action.get("warn", 0)
-                self.metrics.duplicates.inc(max(kept - merged.inserted, 0))
-                self.newest_event = max(self.newest_event, span["high"].timestamp())
-                self.metrics.newest_event.set(self.newest_event)
-            finally:
-                rows.unpersist()
+                self.tables.append_quarantine(batch.quarantine(validated, info), txn("quarantine"))
+            except BaseException as e:  # re-raised in the batch's thread below
+                quarantine_error.append(e)
+
+        side = InheritableThread(target=append_quarantine, name=f"quarantine-{info.batch_id}")
+        if stats.by_action.get("quarantine"):
+            side.start()
+        inserted = device_updates = 0
+        try:
+            if stats.kept:
+                inserted, device_updates = self._merge(validated, stats, info, txn)
+        finally:
+            if side.is_alive():
+                side.join()
+        if quarantine_error:
+            raise quarantine_error[0]
         return BatchReport(
             info.batch_id,
-            input_rows,
-            by_action,
-            by_rule,
+            stats.messages,
+            stats.by_action,
+            stats.quarantined_by_rule,
             inserted,
             device_updates,
             time.monotonic() - started,
         )
+
+    def _merge(
+        self, validated: DataFrame, stats: batch.BatchStats, info: batch.BatchInfo, txn: Callable[[str], Txn | None]
+    ) -> tuple[int, int]:
+        rows = batch.readings(validated, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
+            ranges = batch.time_ranges(stats.buckets)
+            merged = self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), evolve)
+            state = self.tables.upsert_device_state(batch.latest_per_device(rows), txn("device_state"), evolve)
+        finally:
+            rows.unpersist()
+        m = self.metrics
+        m.merged.labels("readings", "inserted").inc(merged.inserted)
+        m.merged.labels("device_state", "inserted").inc(state.inserted)
+        m.merged.labels("device_state", "updated").inc(state.updated)
+        m.duplicates.inc(max(stats.kept - merged.inserted, 0) if not merged.skipped else 0)
+        if stats.newest_event_ms is not None:
+            self.newest_event = max(self.newest_event, stats.newest_event_ms / 1000)
+            m.newest_event.set(self.newest_event)
+        return merged.inserted, state.inserted + state.updated
 
     def _record(self, report: BatchReport) -> None:
         m = self.metrics

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from functools import reduce
 
 from delta.tables import DeltaTable
@@ -34,36 +34,6 @@ class MergeResult:
     inserted: int = 0
     updated: int = 0
     skipped: bool = False  # nothing to write, or this transaction was already committed
-
-
-TIME_BUCKET_MS = 10 * 60 * 1000
-MAX_TIME_RANGES = 16
-
-
-def time_ranges(buckets: Iterable[int], width_ms: int = TIME_BUCKET_MS) -> list[tuple[datetime, datetime]]:
-    """Contiguous event-time ranges covering the given bucket numbers (epoch ms // width_ms).
-
-    Late events make a batch's [min, max] span hours; a few narrow ranges keep file skipping effective.
-    At most MAX_TIME_RANGES ranges: the smallest gaps are closed first.
-    """
-    ordered = sorted(set(buckets))
-    if not ordered:
-        return []
-    spans: list[list[int]] = [[ordered[0], ordered[0]]]
-    for b in ordered[1:]:
-        if b == spans[-1][1] + 1:
-            spans[-1][1] = b
-        else:
-            spans.append([b, b])
-    while len(spans) > MAX_TIME_RANGES:
-        gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
-        i = gaps.index(min(gaps))
-        spans[i : i + 2] = [[spans[i][0], spans[i + 1][1]]]
-
-    def at(ms: int) -> datetime:
-        return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
-
-    return [(at(lo * width_ms), at((hi + 1) * width_ms - 1)) for lo, hi in spans]
 
 
 def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[datetime, datetime]]) -> Column:

@@ -187,8 +187,8 @@ def test_schema_evolution_allows_new_fields_and_infers_types(spark: SparkSession
     ]
     validated = batch.validate(kafka_rows(spark, values), rules, INFO)
     assert all(r.action == "ok" for r in validated.collect())
-    names = sorted(r[0] for r in validated.selectExpr("explode(json_keys)").distinct().collect())
-    new = [n for n in names if n not in rules.known_fields]
+    new = batch.new_field_names(validated)
+    assert new == ["bad name", "label", "nested", "wind_ms"]
     columns, refused = batch.infer_new_columns(validated, new)
     assert {c.name: c.type.simpleString() for c in columns} == {"label": "string", "wind_ms": "double"}
     assert sorted(refused) == ["bad name", "nested"]
@@ -211,17 +211,30 @@ def test_type_conflict_with_an_evolved_column_is_quarantined(spark: SparkSession
     assert got == [(["wrong_type:wind_ms"], "quarantine")]
 
 
-def test_outcome_counts(spark: SparkSession, rules: Rules) -> None:
-    values = [encode(event()), encode(event(event_id="x")), b"nope", encode(event(device_id=DROP))]
-    counts = {
-        (r.action, tuple(r.reasons)): r["count"]
-        for r in batch.outcome_counts(batch.validate(kafka_rows(spark, values), rules, INFO)).collect()
-    }
-    assert counts == {
-        ("ok", ()): 2,
-        ("quarantine", ("malformed_json",)): 1,
-        ("quarantine", ("missing_field:device_id",)): 1,
-    }
+def test_batch_stats_count_actions_rules_dates_and_buckets(spark: SparkSession, local_settings: Settings) -> None:
+    settings = replace(
+        local_settings, validation=replace(local_settings.validation, actions={"event_time_in_future": "fail"})
+    )
+    rules = Rules.from_settings(settings)
+    two_days_ago = NOW_MS - 2 * 86_400_000
+    values = [
+        encode(event()),
+        encode(event(event_id="x", event_time=two_days_ago)),
+        b"nope",
+        encode(event(device_id=DROP)),
+        encode(event(event_id="f", event_time=4102444800000)),
+    ]
+    validated = batch.validate(kafka_rows(spark, values), rules, INFO)
+    stats = batch.summarize(batch.batch_stats(validated, rules).collect(), rules)
+    assert stats.by_action == {"ok": 2, "quarantine": 2, "fail": 1}
+    assert stats.quarantined_by_rule == {"malformed_json": 1, "missing_field": 1}
+    assert stats.failed == {"event_time_in_future": 1}
+    assert [str(d) for d in stats.dates] == ["2026-11-28", "2026-11-30"]
+    assert stats.buckets == tuple(
+        sorted({two_days_ago // batch.TIME_BUCKET_MS, (NOW_MS - 1000) // batch.TIME_BUCKET_MS})
+    )
+    assert stats.newest_event_ms == NOW_MS - 1000
+    assert (stats.messages, stats.kept) == (5, 2)
 
 
 def test_rules_follow_config(tmp_path: Any) -> None:

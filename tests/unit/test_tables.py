@@ -11,9 +11,10 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from streaming import batch
+from streaming.batch import MAX_TIME_RANGES, time_ranges
 from streaming.config import Settings
 from streaming.rules import Rules
-from streaming.tables import MAX_TIME_RANGES, LakeTables, Txn, readings_merge_condition, time_ranges
+from streaming.tables import LakeTables, Txn, readings_merge_condition
 from tests.unit.test_batch import NOW, NOW_MS, encode, event, kafka_rows
 
 pytestmark = pytest.mark.unit
