@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
@@ -233,6 +235,36 @@ def kafka_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     return reader.load()
 
 
+def claim_checkpoint(spark: SparkSession, settings: Settings) -> None:
+    """Record what the checkpoint belongs to on first use; refuse a checkpoint of a different query.
+
+    Spark would replay another topic's offsets into these tables, or these offsets into other tables.
+    """
+    location = checkpoint_location(settings)
+    identity = {"topic": settings.kafka.topic, "base_uri": settings.storage.base_uri}
+    jvm: Any = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{location.rstrip('/')}/iotlake.json")
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if fs.exists(path):
+        stream = fs.open(path)
+        try:
+            recorded = json.loads(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+        if recorded != identity:
+            raise CheckpointError(
+                f"The checkpoint at {location} belongs to a different query: it was made for {recorded}, "
+                f"this run is for {identity}. Point ingest.checkpoint_location at a new folder (the stream then "
+                "starts from kafka.starting_offsets), or restore the topic and base_uri it was made for."
+            )
+        return
+    out = fs.create(path, False)
+    try:
+        out.write(json.dumps(identity).encode())
+    finally:
+        out.close()
+
+
 def start_query(spark: SparkSession, settings: Settings, writer: BatchWriter, available_now: bool) -> StreamingQuery:
     stream = kafka_stream(spark, settings).writeStream.foreachBatch(writer)
     stream = stream.queryName(QUERY_NAME).option("checkpointLocation", checkpoint_location(settings))
@@ -255,6 +287,7 @@ def run(settings: Settings, available_now: bool = False, metrics: IngestMetrics 
     try:
         tables = LakeTables(spark, settings)
         tables.ensure()
+        claim_checkpoint(spark, settings)
         writer = BatchWriter(spark, settings, tables, metrics)
         spark.streams.addListener(_ProgressListener(metrics))
         try:

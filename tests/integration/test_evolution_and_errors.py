@@ -104,3 +104,11 @@ def test_other_bucket_is_refused_for_the_writer(settings: Settings, test_env: di
 def test_missing_java_is_a_clear_error(settings: Settings, test_env: dict[str, str], tmp_path: Path) -> None:
     env = {**test_env, "JAVA_HOME": str(tmp_path / "no-java")}
     assert_clear_error(iotlake(env, "ingest"), "Java", "JAVA_HOME")
+
+
+@pytest.mark.slow
+def test_checkpoint_of_another_query_is_refused(settings: Settings, test_env: dict[str, str]) -> None:
+    first = run_ingest(test_env)
+    assert first.returncode == 0, explain(first)
+    other = {**test_env, "IOTLAKE_STORAGE__BASE_URI": test_env["IOTLAKE_STORAGE__BASE_URI"] + "-other"}
+    assert_clear_error(run_ingest(other), "belongs to a different query", "checkpoint_location")
