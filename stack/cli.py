@@ -12,6 +12,8 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +38,11 @@ def load_settings_from(args: argparse.Namespace) -> Settings:
 
 def _install(args: argparse.Namespace) -> int:
     install(layout())
-    return 0
+    # Spark's jars come through Ivy; resolving them here (its own JVM) keeps the first job start short.
+    env = dict(os.environ)
+    if getattr(args, "config", None):
+        env["IOTLAKE_CONFIG"] = args.config
+    return subprocess.run([sys.executable, "-m", "streaming.session"], env=env, check=False).returncode
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -101,3 +104,40 @@ def build_session(
     spark = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES)).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def jars_marker(settings: Settings) -> Path:
+    """A file in the Ivy cache saying these exact packages were resolved there once."""
+    digest = hashlib.sha256(" ".join(sorted(EXTRA_PACKAGES)).encode()).hexdigest()[:12]
+    return resolve_path(settings.spark.ivy_cache) / f"iotlake-resolved-{SPARK_VERSION}-{digest}"
+
+
+def resolve_jars(settings: Settings) -> bool:
+    """Download the Delta, Kafka-source and S3A jars into the Ivy cache once; False if already there."""
+    marker = jars_marker(settings)
+    if marker.exists():
+        return False
+    local = replace(settings, storage=replace(settings.storage, base_uri="file:/tmp/iotlake-resolve"))
+    spark = build_session(local, app_name="iotlake-resolve-jars")
+    spark.stop()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return True
+
+
+if __name__ == "__main__":
+    import sys
+    import time
+
+    from streaming.config import load_settings
+    from streaming.errors import IotLakeError
+
+    started = time.monotonic()
+    try:
+        settings = load_settings()
+        fetched = resolve_jars(settings)
+    except IotLakeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    where = jars_marker(settings).parent
+    print(f"spark jars: {'resolved into' if fetched else 'cached in'} {where} ({time.monotonic() - started:.1f}s)")
