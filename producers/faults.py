@@ -20,6 +20,15 @@ OUT_OF_RANGE = "out_of_range"  # out_of_range: air_temperature_c = 500
 FUTURE_TIME = "future_time"  # event_time_in_future: year 2100
 ANCIENT_TIME = "ancient_time"  # event_time_too_old: 1970
 MALFORMED_KINDS = (NOT_JSON, WRONG_TYPE, MISSING_FIELD, OUT_OF_RANGE, FUTURE_TIME, ANCIENT_TIME)
+# The one reason code the streaming job's default rules give each kind: the contract the tests check.
+REASON_BY_KIND = {
+    NOT_JSON: "malformed_json",
+    WRONG_TYPE: "wrong_type:air_temperature_c",
+    MISSING_FIELD: "missing_field:device_id",
+    OUT_OF_RANGE: "out_of_range:air_temperature_c",
+    FUTURE_TIME: "event_time_in_future",
+    ANCIENT_TIME: "event_time_too_old",
+}
 
 LATE_MIN_MS = 5 * 60_000
 LATE_MAX_MS = 6 * 3_600_000

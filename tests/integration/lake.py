@@ -18,16 +18,6 @@ from streaming.config import Settings
 from streaming.preflight import minio_client
 from streaming.status import delta_rs_uri, delta_storage_options
 
-# What the streaming job must answer to each malformed kind the simulator sends.
-REASON_BY_KIND = {
-    "not_json": "malformed_json",
-    "wrong_type": "wrong_type:air_temperature_c",
-    "missing_field": "missing_field:device_id",
-    "out_of_range": "out_of_range:air_temperature_c",
-    "future_time": "event_time_in_future",
-    "ancient_time": "event_time_too_old",
-}
-
 
 def simulate(settings: Settings, out: Path, *flags: str, count: int = 20_000, seed: int = 7) -> dict[str, Any]:
     """Run sensor-sim against the test topic; its summary JSON (exact counts of what was acknowledged)."""

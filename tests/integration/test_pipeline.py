@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from producers.faults import REASON_BY_KIND
 from streaming.config import Settings
-from tests.integration.lake import REASON_BY_KIND, explain, read_table, run_ingest, simulate
+from tests.integration.lake import explain, read_table, run_ingest, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

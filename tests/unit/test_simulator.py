@@ -15,6 +15,7 @@ import pytest
 from producers import MALFORMED_KINDS, EventStream, Message, SimOptions, simulate
 from producers.accounting import Accounting
 from producers.errors import UsageError
+from producers.faults import REASON_BY_KIND
 from producers.options import parse_start_time
 
 pytestmark = pytest.mark.unit
@@ -38,14 +39,6 @@ TYPES: dict[str, tuple[type, ...]] = {
     "event_time": (int,),
     "schema_version": (int,),
     **dict.fromkeys(RANGES, (int, float)),
-}
-EXPECTED_REASON = {
-    "not_json": "malformed_json",
-    "wrong_type": "wrong_type:air_temperature_c",
-    "missing_field": "missing_field:device_id",
-    "out_of_range": "out_of_range:air_temperature_c",
-    "future_time": "event_time_in_future",
-    "ancient_time": "event_time_too_old",
 }
 ALL_FAULTS = {"duplicate_rate": 0.06, "out_of_order_rate": 0.05, "late_rate": 0.04, "malformed_rate": 0.06}
 
@@ -104,7 +97,7 @@ def recount(msgs: list[Message], opts: SimOptions) -> dict[str, Any]:
     for i, m in enumerate(msgs):
         reasons = violations(m.value)
         if reasons:
-            kind = {v: k for k, v in EXPECTED_REASON.items()}[reasons[0]]
+            kind = {v: k for k, v in REASON_BY_KIND.items()}[reasons[0]]
             malformed[kind] += 1
             continue
         event = json.loads(m.value)
@@ -276,7 +269,7 @@ def test_message_kinds_agree_with_what_the_bytes_show() -> None:
     for m in msgs:
         reasons = violations(m.value)
         if m.kind in MALFORMED_KINDS:
-            assert reasons == [EXPECTED_REASON[m.kind]]
+            assert reasons == [REASON_BY_KIND[m.kind]]
             continue
         assert reasons == []
         eid = json.loads(m.value)["event_id"]
@@ -398,7 +391,7 @@ def test_each_malformed_kind_breaks_exactly_one_rule(kind: str) -> None:
     assert {m.kind for m in msgs} == {kind}
     ids = set()
     for m in msgs:
-        assert violations(m.value) == [EXPECTED_REASON[kind]], m.value
+        assert violations(m.value) == [REASON_BY_KIND[kind]], m.value
         m.value.decode("utf-8")
         ids.add(re.search(rb'"event_id": ?"([^"]+)"', m.value).group(1))  # type: ignore[union-attr]
     assert len(ids) == 200  # each has its own event_id
@@ -456,7 +449,7 @@ def test_added_fields_ride_on_every_valid_event_only() -> None:
             event = json.loads(m.value)
         if m.kind in MALFORMED_KINDS:
             assert event is None or not {"soil_ph", "leaf_wetness"} & set(event)
-            assert violations(m.value) == [EXPECTED_REASON[m.kind]]  # still exactly one reason
+            assert violations(m.value) == [REASON_BY_KIND[m.kind]]  # still exactly one reason
             continue
         assert isinstance(event["soil_ph"], float) and isinstance(event["leaf_wetness"], float)
         assert violations(m.value, allowed_extra=("soil_ph", "leaf_wetness")) == []
