@@ -20,6 +20,9 @@ from streaming.config import Settings, load_settings
 STARTED_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ iotlake\.ingest: streaming query \S+ started")
 
 
+PRELOAD_KEYS = ("sent_total", "valid_distinct", "duplicates", "malformed_total", "late", "out_of_order", "msgs_per_s")
+
+
 @dataclass(frozen=True)
 class SustainedParams:
     events: int = 1_000_000
@@ -170,19 +173,7 @@ def run_sustained(stack: BenchStack, workdir: Path, params: SustainedParams, ech
     cores = os.cpu_count() or 1
     result = {
         "events": processed,
-        "preload": {
-            k: preload[k]
-            for k in (
-                "sent_total",
-                "valid_distinct",
-                "duplicates",
-                "malformed_total",
-                "late",
-                "out_of_order",
-                "msgs_per_s",
-                "elapsed_s",
-            )
-        },
+        "preload": {k: preload[k] for k in PRELOAD_KEYS},
         "job_wall_s": round(wall, 2),
         "job_until_metrics_up_s": round(up_s, 2),
         "job_startup_s": round(started_at - spawned_at, 2) if started_at else None,

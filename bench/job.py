@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from bench.procs import ProcSampler
 from bench.stats import parse_metrics, phases
 from stack.proc import tail
 
@@ -134,9 +135,18 @@ def sim_argv(
     ]  # fmt: skip
 
 
-def run_sim(argv: Sequence[str], env: Mapping[str, str], log: Path, summary: Path, timeout: float) -> dict[str, Any]:
-    """Run sensor-sim to completion; its --summary-json (exact counts and msgs_per_s)."""
+def run_sim(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log: Path,
+    summary: Path,
+    timeout: float,
+    sampler: ProcSampler | None = None,
+) -> dict[str, Any]:
+    """Run sensor-sim to completion (its tree tracked as 'simulator' by `sampler`); its --summary-json."""
     proc = Proc.spawn("sensor-sim", argv, env, log)
+    if sampler is not None:
+        sampler.track("simulator", proc.pid)
     try:
         code = proc.wait(timeout)
     finally:
@@ -192,7 +202,13 @@ class MetricsPoller:
                 current = phases(self.last)
                 if current and current != previous:
                     batch = self.value("iot_ingest_last_batch_id")
-                    self.reports.append({"after_batch": int(batch) if batch is not None else None, "phases_s": current})
+                    self.reports.append(
+                        {
+                            "after_batch": int(batch) if batch is not None else None,
+                            "phases_s": current,
+                            "lag_messages": self.value("iot_ingest_kafka_lag_messages"),
+                        }
+                    )
                     previous = current
             self._stop.wait(self.interval)
 

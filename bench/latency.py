@@ -143,7 +143,7 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
     values, warm = latencies(rows, params.warmup_s)
     if not values:
         raise BenchError("no readings rows after the warm-up window")
-    batches = parse_batch_lines(job.text())
+    batches = [b for b in parse_batch_lines(job.text()) if b.messages]  # the first trigger may find nothing
     parts = per_batch(settings, batches, checkpoint)
     shares = steady_shares(parts)
     triggers = [t.committed - t.planned for t in trigger_times(checkpoint) if t.committed is not None]
@@ -169,6 +169,7 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
         },
         "bound": latency_bound(percentile([b.seconds for b in batches], 50) if batches else 0.0, shares),
         "progress_phases_s": poller.reports[-20:],
+        "lag_after_batch_messages": [r.get("lag_messages") for r in poller.reports],
         "progress_phase_means_s": _phase_means(poller.reports),
         "procs": sampler.summary(),
         "job_rss_peak_gib": sampler.peak_gib("job"),

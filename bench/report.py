@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.stats import BREAKDOWN_KEYS
 from streaming.config import PROJECT_ROOT
 
 
@@ -72,9 +73,11 @@ def git_commit(root: Path = PROJECT_ROOT) -> dict[str, Any]:
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
-        return done.stdout.strip() if done.returncode == 0 else ""
+        return done.stdout if done.returncode == 0 else ""
 
-    return {"commit": git("rev-parse", "HEAD"), "dirty_paths": git("status", "--porcelain").splitlines()}
+    # Porcelain lines are "XY path": the leading status column may be a space, so no strip() here.
+    dirty = [line[3:] for line in git("status", "--porcelain").splitlines() if len(line) > 3]
+    return {"commit": git("rev-parse", "HEAD").strip(), "dirty_paths": dirty}
 
 
 def fmt(value: Any, unit: str) -> str:
@@ -102,7 +105,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"# iotlake benchmark, {result['date']}",
         "",
         f"Commit `{result['git']['commit'][:12]}`"
-        + (" (working tree had uncommitted changes by others)" if result["git"]["dirty_paths"] else "")
+        + (f" plus uncommitted changes by others in {_dirty(result)}" if _dirty(result) else "")
         + f"; {m['cores']} cores, {m['memory_gib']} GiB, load average at start {' '.join(m['loadavg_at_start'])}; "
         f"command `{result['command']}`; {result['elapsed_s'] / 60:.0f} min. Other work shared the machine: "
         "compare figures within this run, not across runs.",
@@ -124,7 +127,11 @@ def notes(result: Mapping[str, Any]) -> list[str]:
     sim = s.get("simulator")
     if sim and "error" not in sim:
         runs = {b: [round(r["msgs_per_s"]) for r in rs] for b, rs in sim["runs"].items()}
-        out.append(f"- **Simulator**: median of runs {runs} (msgs/s), `--rate 0`, fresh topic each run.")
+        cpu = {b: [r.get("cpu_cores") for r in rs] for b, rs in sim["runs"].items()}
+        out.append(
+            f"- **Simulator**: median of runs {runs} (msgs/s), `--rate 0`, fresh topic each run; "
+            f"CPU cores used per run {cpu}. `dry-run` = the generator alone (`--dry-run`, no Kafka)."
+        )
     sus = s.get("sustained")
     if sus and "error" not in sus:
         out.append(
@@ -135,15 +142,26 @@ def notes(result: Mapping[str, Any]) -> list[str]:
             f"Bound: {sus['bound']}."
         )
         out.append("")
-        out.append("  | batch | messages | foreachBatch s | " + " | ".join(_share_keys(sus)) + " |")
-        out.append("  |---|---|---|" + "---|" * len(_share_keys(sus)))
+        keys = _share_keys(sus)
+        out.append("  | batch | messages | events/s | foreachBatch s | " + " | ".join(keys) + " |")
+        out.append("  |---|---|---|---|" + "---|" * len(keys))
         for b in sus["batches"]:
-            cells = " | ".join(f"{b.get(k, 0):.1f}" for k in _share_keys(sus))
-            out.append(f"  | {b['batch_id']} | {b['messages']:,} | {b['foreach_batch_s']:.1f} | {cells} |")
+            cells = " | ".join(f"{b.get(k, 0):.1f}" for k in keys)
+            out.append(
+                f"  | {b['batch_id']} | {b['messages']:,} | {b.get('events_per_second') or 0:,} | "
+                f"{b['foreach_batch_s']:.1f} | {cells} |"
+            )
         out.append("")
         out.append(
-            "  Parts from the job's log line and Delta commits (MERGE = Delta executionTimeMs); "
-            "outside_foreach_batch_s = checkpoint trigger time minus foreachBatch."
+            "  Seconds per part, from the job's batch log line and the commit timestamps of its three Delta tables "
+            "(MERGE = Delta executionTimeMs, ending at its commit); before_readings_merge_s = Kafka read, parse, "
+            "validate, batch stats, dedup rows"
+            + (
+                " (this code runs the quarantine append beside the MERGEs)"
+                if any("quarantine_committed_at_s" in b for b in sus["batches"])
+                else ""
+            )
+            + "; outside_foreach_batch_s = checkpoint offsets->commits time minus foreachBatch."
         )
         out.append("")
     lat = s.get("latency")
@@ -193,13 +211,15 @@ def notes(result: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _dirty(result: Mapping[str, Any]) -> str:
+    """The measured code paths (streaming/, stack/, producers/) that differed from the commit."""
+    paths = result["git"]["dirty_paths"]
+    return ", ".join(f"`{p}`" for p in paths if p.startswith(("streaming/", "stack/", "producers/", "config/")))
+
+
 def _share_keys(sus: Mapping[str, Any]) -> list[str]:
-    keys: list[str] = []
-    for b in sus["batches"]:
-        for k in b:
-            if k.endswith("_s") and k not in ("foreach_batch_s",) and k not in keys:
-                keys.append(k)
-    return keys
+    keys = (*BREAKDOWN_KEYS, "outside_foreach_batch_s")
+    return [k for k in keys if any(k in b for b in sus["batches"])]
 
 
 def _files(kind: Mapping[str, Any]) -> str:

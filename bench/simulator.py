@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.job import run_sim, sim_argv
+from bench.procs import ProcSampler
 from bench.stack import BenchStack
 from bench.stats import median
 from streaming.config import load_settings
@@ -20,21 +21,44 @@ class SimulatorParams:
 
 
 def run_simulator(stack: BenchStack, workdir: Path, params: SimulatorParams, echo: Any = print) -> dict[str, Any]:
-    """msgs_per_s of each backend (median of `repeats` runs) and every run's figures."""
+    """msgs_per_s of each backend (median of `repeats` runs), every run's figures and the CPU it used.
+
+    A `--dry-run` of the confluent count (generator only, no Kafka) runs beside them: it tells whether the
+    generator or the client bounds the rate.
+    """
     result: dict[str, Any] = {"msgs_per_s": {}, "runs": {}}
+    kinds = [*params.counts.items(), ("dry-run", params.counts.get("confluent", max(params.counts.values())))]
     for run in range(params.repeats):  # backends alternate, so both see the same background load
-        for backend, count in params.counts.items():
-            env = stack.workload(f"sim-{backend}", workdir)
+        for backend, count in kinds:
+            env = stack.workload(f"sim-{backend}", workdir, topic=backend != "dry-run")
             settings = load_settings(env=env)
             summary = workdir / f"sim-{backend}-{run}.json"
             argv = sim_argv(
-                settings.kafka.bootstrap_servers, settings.kafka.topic, summary, rate=0, count=count, backend=backend
+                settings.kafka.bootstrap_servers,
+                settings.kafka.topic,
+                summary,
+                rate=0,
+                count=count,
+                backend="confluent" if backend == "dry-run" else backend,
+                extra=("--dry-run",) if backend == "dry-run" else (),
             )
-            data = run_sim(argv, env, workdir / f"sim-{backend}-{run}.log", summary, params.timeout_s)
+            with ProcSampler(interval=0.5) as sampler:
+                data = run_sim(argv, env, workdir / f"sim-{backend}-{run}.log", summary, params.timeout_s, sampler)
             result["runs"].setdefault(backend, []).append(
-                {"count": data["sent_total"], "elapsed_s": data["elapsed_s"], "msgs_per_s": data["msgs_per_s"]}
+                {
+                    "count": data["sent_total"],
+                    "elapsed_s": data["elapsed_s"],
+                    "msgs_per_s": data["msgs_per_s"],
+                    "cpu_cores": sampler.mean_cpu("simulator"),
+                    "machine_busy_cores": sampler.mean_machine_busy(),
+                }
             )
-            echo(f"simulator: {backend} run {run + 1}: {data['sent_total']:,} msgs at {data['msgs_per_s']:,.0f} msgs/s")
+            echo(
+                f"simulator: {backend} run {run + 1}: {data['sent_total']:,} msgs at {data['msgs_per_s']:,.0f} msgs/s "
+                f"({sampler.mean_cpu('simulator'):.2f} cores, machine {sampler.mean_machine_busy():.2f} busy)"
+            )
     for backend, runs in result["runs"].items():
-        result["msgs_per_s"][backend] = round(median([r["msgs_per_s"] for r in runs]), 1)
+        key = "generator_msgs_per_s" if backend == "dry-run" else backend
+        target = result if backend == "dry-run" else result["msgs_per_s"]
+        target[key] = round(median([r["msgs_per_s"] for r in runs]), 1)
     return result
