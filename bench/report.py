@@ -126,12 +126,7 @@ def notes(result: Mapping[str, Any]) -> list[str]:
     s = result["sections"]
     sim = s.get("simulator")
     if sim and "error" not in sim:
-        runs = {b: [round(r["msgs_per_s"]) for r in rs] for b, rs in sim["runs"].items()}
-        cpu = {b: [r.get("cpu_cores") for r in rs] for b, rs in sim["runs"].items()}
-        out.append(
-            f"- **Simulator**: median of runs {runs} (msgs/s), `--rate 0`, fresh topic each run; "
-            f"CPU cores used per run {cpu}. `dry-run` = the generator alone (`--dry-run`, no Kafka)."
-        )
+        out.append(_simulator_note(sim, result["machine"]["cores"]))
     sus = s.get("sustained")
     if sus and "error" not in sus:
         out.append(
@@ -195,20 +190,38 @@ def notes(result: Mapping[str, Any]) -> list[str]:
         )
         out.append("")
         out.append(
-            "  | table rows | files | literal MERGE s | target files read | seed-style MERGE s | target files read |"
+            "  | table rows | files | literal MERGE s, median (runs) | target files read "
+            "| seed-style MERGE s, median (runs) | target files read |"
         )
         out.append("  |---|---|---|---|---|---|")
         for size, d in mer["sizes"].items():
             lit, seed = d["literal"], d["seed"]
             out.append(
-                f"  | {int(size):,} | {d['files']} | {lit['median_s']:.2f} | {_files(lit)} | "
-                f"{seed['median_s']:.2f} | {_files(seed)} |"
+                f"  | {int(size):,} | {d['files']} | {_times(lit)} | {_files(lit)} | {_times(seed)} | {_files(seed)} |"
             )
         out.append("")
     for name, sec in s.items():
         if sec and "error" in sec:
             out.append(f"- **{name}** failed: {sec['error'][:500]}")
     return out
+
+
+def _simulator_note(sim: Mapping[str, Any], cores: int) -> str:
+    runs = sim["runs"]
+    rates = {b: [round(r["msgs_per_s"]) for r in rs] for b, rs in runs.items()}
+    counts = {b: rs[0]["count"] for b, rs in runs.items()}
+    text = f"- **Simulator**: `--rate 0`, fresh topic each run, median of the runs (msgs/s) {rates}; messages {counts}."
+    if sim.get("generator_msgs_per_s"):
+        text += f" `dry-run` is the generator alone (`--dry-run`, no Kafka): {sim['generator_msgs_per_s']:,.0f} msgs/s."
+    cpu = {b: [r["cpu_cores"] for r in rs] for b, rs in runs.items() if "cpu_cores" in rs[0]}
+    if cpu:
+        text += f" CPU cores used by the simulator per run: {cpu}"
+        broker = {b: [r["kafka_cpu_cores"] for r in rs] for b, rs in runs.items() if "kafka_cpu_cores" in rs[0]}
+        if broker:
+            text += f"; by the Kafka broker: {broker}"
+        busy = [r["machine_busy_cores"] for rs in runs.values() for r in rs if "machine_busy_cores" in r]
+        text += f"; the machine was {min(busy):.2f}-{max(busy):.2f} of {cores} cores busy." if busy else "."
+    return text
 
 
 def _dirty(result: Mapping[str, Any]) -> str:
@@ -220,6 +233,11 @@ def _dirty(result: Mapping[str, Any]) -> str:
 def _share_keys(sus: Mapping[str, Any]) -> list[str]:
     keys = (*BREAKDOWN_KEYS, "outside_foreach_batch_s")
     return [k for k in keys if any(k in b for b in sus["batches"])]
+
+
+def _times(kind: Mapping[str, Any]) -> str:
+    runs = ", ".join(f"{r['seconds']:.2f}" for r in kind["runs"])
+    return f"{kind['median_s']:.2f} ({runs})"
 
 
 def _files(kind: Mapping[str, Any]) -> str:

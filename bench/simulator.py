@@ -42,7 +42,10 @@ def run_simulator(stack: BenchStack, workdir: Path, params: SimulatorParams, ech
                 backend="confluent" if backend == "dry-run" else backend,
                 extra=("--dry-run",) if backend == "dry-run" else (),
             )
-            with ProcSampler(interval=0.5) as sampler:
+            sampler = ProcSampler(interval=0.5)
+            for name, pid in stack.service_pids().items():
+                sampler.track(name, pid)
+            with sampler:
                 data = run_sim(argv, env, workdir / f"sim-{backend}-{run}.log", summary, params.timeout_s, sampler)
             result["runs"].setdefault(backend, []).append(
                 {
@@ -50,12 +53,14 @@ def run_simulator(stack: BenchStack, workdir: Path, params: SimulatorParams, ech
                     "elapsed_s": data["elapsed_s"],
                     "msgs_per_s": data["msgs_per_s"],
                     "cpu_cores": sampler.mean_cpu("simulator"),
+                    "kafka_cpu_cores": sampler.mean_cpu("kafka"),
                     "machine_busy_cores": sampler.mean_machine_busy(),
                 }
             )
             echo(
                 f"simulator: {backend} run {run + 1}: {data['sent_total']:,} msgs at {data['msgs_per_s']:,.0f} msgs/s "
-                f"({sampler.mean_cpu('simulator'):.2f} cores, machine {sampler.mean_machine_busy():.2f} busy)"
+                f"(simulator {sampler.mean_cpu('simulator'):.2f} cores, broker {sampler.mean_cpu('kafka'):.2f}, "
+                f"machine {sampler.mean_machine_busy():.2f} busy)"
             )
     for backend, runs in result["runs"].items():
         key = "generator_msgs_per_s" if backend == "dry-run" else backend

@@ -180,7 +180,9 @@ def test_markdown_with_sections_missing() -> None:
         "command": "python -m bench --only simulator",
         "elapsed_s": 120.0,
         "params": {},
-        "sections": {"simulator": {"msgs_per_s": {"confluent": 1.0}, "runs": {"confluent": [{"msgs_per_s": 1.0}]}}},
+        "sections": {
+            "simulator": {"msgs_per_s": {"confluent": 1.0}, "runs": {"confluent": [{"msgs_per_s": 1.0, "count": 10}]}}
+        },
         "simulator_msgs_per_s": {"confluent": 210000.0, "kafka-python": 12000.0},
         "latency_p99_s": None,
     }
