@@ -49,6 +49,7 @@ class BatchReport:
     inserted: int
     device_updates: int
     seconds: float
+    steps: dict[str, float]  # wall seconds of validate (incl. Kafka read and stats), each write
 
 
 def checkpoint_location(settings: Settings) -> str:
@@ -73,12 +74,14 @@ class BatchWriter:
         info = batch.BatchInfo(batch_id, datetime.now(UTC))
         # Stable across restarts from the same checkpoint, new when the checkpoint is deleted.
         query_id = self.spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"
+        steps: dict[str, float] = {}
         validated = batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             new_fields = batch.new_field_names(validated) if self.rules.allow_new_fields else []
             if new_fields:
                 validated = self._evolve(raw, validated, new_fields, info)
             stats = batch.summarize(batch.batch_stats(validated, self.rules).collect(), self.rules)
+            steps["validate"] = time.monotonic() - started
             if stats.failed:
                 reason, rows = next(iter(stats.failed.items()))
                 raise ValidationFailure(
@@ -86,7 +89,7 @@ class BatchWriter:
                     f"{batch_id}; the stream stops before writing it. Fix the producer, or change "
                     f"validation.actions.{reason.split(':')[0]} to quarantine, drop or warn."
                 )
-            report = self._write(validated, stats, info, query_id, started)
+            report = self._write(validated, stats, info, query_id, started, steps)
         finally:
             validated.unpersist()
         self._record(report)
@@ -107,7 +110,13 @@ class BatchWriter:
         return batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
 
     def _write(
-        self, validated: DataFrame, stats: batch.BatchStats, info: batch.BatchInfo, query_id: str, started: float
+        self,
+        validated: DataFrame,
+        stats: batch.BatchStats,
+        info: batch.BatchInfo,
+        query_id: str,
+        started: float,
+        steps: dict[str, float],
     ) -> BatchReport:
         """Quarantine append in a second thread, beside the readings and device_state MERGEs.
 
@@ -122,10 +131,12 @@ class BatchWriter:
         quarantine_error: list[BaseException] = []
 
         def append_quarantine() -> None:
+            began = time.monotonic()
             try:
                 self.tables.append_quarantine(batch.quarantine(validated, info), txn("quarantine"))
             except BaseException as e:  # re-raised in the batch's thread below
                 quarantine_error.append(e)
+            steps["quarantine_append"] = time.monotonic() - began
 
         side = InheritableThread(target=append_quarantine, name=f"quarantine-{info.batch_id}")
         if stats.by_action.get("quarantine"):
@@ -133,7 +144,7 @@ class BatchWriter:
         inserted = device_updates = 0
         try:
             if stats.kept:
-                inserted, device_updates = self._merge(validated, stats, info, txn)
+                inserted, device_updates = self._merge(validated, stats, info, txn, steps)
         finally:
             if side.is_alive():
                 side.join()
@@ -147,17 +158,27 @@ class BatchWriter:
             inserted,
             device_updates,
             time.monotonic() - started,
+            steps,
         )
 
     def _merge(
-        self, validated: DataFrame, stats: batch.BatchStats, info: batch.BatchInfo, txn: Callable[[str], Txn | None]
+        self,
+        validated: DataFrame,
+        stats: batch.BatchStats,
+        info: batch.BatchInfo,
+        txn: Callable[[str], Txn | None],
+        steps: dict[str, float],
     ) -> tuple[int, int]:
         rows = batch.readings(validated, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
             ranges = batch.time_ranges(stats.buckets)
+            began = time.monotonic()
             merged = self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), evolve)
+            steps["readings_merge"] = time.monotonic() - began
+            began = time.monotonic()
             state = self.tables.upsert_device_state(batch.latest_per_device(rows), txn("device_state"), evolve)
+            steps["device_state_merge"] = time.monotonic() - began
         finally:
             rows.unpersist()
         m = self.metrics
@@ -179,6 +200,8 @@ class BatchWriter:
         for rule, rows in report.quarantined_by_rule.items():
             m.quarantined.labels(rule).inc(rows)
         m.batch_seconds.observe(report.seconds)
+        for step, seconds in report.steps.items():
+            m.step_seconds.labels(step).set(seconds)
         m.last_batch.set(report.batch_id)
         self.reports.append(report)
         log.info(
@@ -190,6 +213,7 @@ class BatchWriter:
             report.device_updates,
             report.seconds,
         )
+        log.info("batch %d steps: %s", report.batch_id, ", ".join(f"{k} {v:.1f} s" for k, v in report.steps.items()))
 
 
 def _crash(batch_id: int) -> None:

@@ -48,6 +48,12 @@ class IngestMetrics:
             ["phase"],
             registry=r,
         )
+        self.step_seconds = Gauge(
+            "iot_ingest_batch_step_seconds",
+            "Last batch's wall time by step (validate, quarantine_append, readings_merge, device_state_merge)",
+            ["step"],
+            registry=r,
+        )
         self.input_rate = Gauge("iot_ingest_input_rows_per_second", "Input rate of the last batch", registry=r)
         self.processed_rate = Gauge(
             "iot_ingest_processed_rows_per_second", "Processing rate of the last batch", registry=r

@@ -1,0 +1,46 @@
+"""The streaming job's metrics: Kafka lag and phases from a progress report, on a fresh registry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from streaming.metrics import IngestMetrics, kafka_lag
+
+pytestmark = pytest.mark.unit
+
+PROGRESS = {
+    "inputRowsPerSecond": 1500.0,
+    "processedRowsPerSecond": 1200.5,
+    "durationMs": {"addBatch": 3200, "triggerExecution": 3500},
+    "sources": [
+        {
+            "endOffset": json.dumps({"t": {"0": 100, "1": 50}}),
+            "latestOffset": json.dumps({"t": {"0": 130, "1": 50, "2": 7}}),
+        }
+    ],
+}
+
+
+def test_kafka_lag_per_partition() -> None:
+    assert kafka_lag(PROGRESS) == {0: 30, 1: 0, 2: 0}
+    assert kafka_lag({"sources": [{"endOffset": None, "latestOffset": "not json"}]}) == {}
+
+
+def test_progress_updates_rates_phases_and_lag() -> None:
+    metrics = IngestMetrics()
+    metrics.record_progress(json.dumps(PROGRESS))
+    value = metrics.registry.get_sample_value
+    assert value("iot_ingest_input_rows_per_second") == 1500.0
+    assert value("iot_ingest_processed_rows_per_second") == 1200.5
+    assert value("iot_ingest_batch_phase_seconds", {"phase": "addBatch"}) == 3.2
+    assert value("iot_ingest_kafka_lag_messages", {"partition": "0"}) == 30
+    assert value("iot_ingest_kafka_lag_messages", {"partition": "1"}) == 0
+
+
+def test_each_instance_has_its_own_registry() -> None:
+    first, second = IngestMetrics(), IngestMetrics()
+    first.batches.inc(3)
+    assert first.registry.get_sample_value("iot_ingest_batches_total") == 3
+    assert second.registry.get_sample_value("iot_ingest_batches_total") == 0
