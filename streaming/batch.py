@@ -173,7 +173,7 @@ class BatchStats:
         return sum(self.by_action.get(a, 0) for a in KEEP)
 
 
-def batch_stats(validated: DataFrame, rules: Rules) -> DataFrame:
+def batch_stats(validated: DataFrame) -> DataFrame:
     """Rows per (action, reasons, event-time bucket of kept rows), with their newest event time.
 
     Only counts and a max: a hash aggregate, a handful of rows. Dates follow from the buckets.

@@ -80,7 +80,7 @@ class BatchWriter:
             new_fields = batch.new_field_names(validated) if self.rules.allow_new_fields else []
             if new_fields:
                 validated = self._evolve(raw, validated, new_fields, info)
-            stats = batch.summarize(batch.batch_stats(validated, self.rules).collect(), self.rules)
+            stats = batch.summarize(batch.batch_stats(validated).collect(), self.rules)
             steps["validate"] = time.monotonic() - started
             if stats.failed:
                 reason, rows = next(iter(stats.failed.items()))

@@ -225,7 +225,7 @@ def test_batch_stats_count_actions_rules_dates_and_buckets(spark: SparkSession, 
         encode(event(event_id="f", event_time=4102444800000)),
     ]
     validated = batch.validate(kafka_rows(spark, values), rules, INFO)
-    stats = batch.summarize(batch.batch_stats(validated, rules).collect(), rules)
+    stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
     assert stats.by_action == {"ok": 2, "quarantine": 2, "fail": 1}
     assert stats.quarantined_by_rule == {"malformed_json": 1, "missing_field": 1}
     assert stats.failed == {"event_time_in_future": 1}
