@@ -222,6 +222,7 @@ def print_summary(settings: Settings, layout: StackLayout, summary_path: Path, i
     stream = stream_status(settings)
     print(f"stream:      last batch {stream.last_batch_id}, lag {stream.total_lag}, checkpoint {stream.checkpoint}")
     print(f"ingest exit: {code}  (log {ingest.log})")
+    print("tables:      rows of every run so far; start afresh: `make down`, remove var/ and checkpoints/ingest")
     print(
         "next:        `make status`, `.venv/bin/iotlake status`, MinIO console at "
         f"http://{settings.storage.endpoint.split('://')[-1].rsplit(':', 1)[0]}:"
