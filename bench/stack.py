@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -18,34 +16,10 @@ from stack import kafka as stack_kafka
 from stack import minio as stack_minio
 from stack import proc as stack_proc
 from stack import secrets as stack_secrets
+from stack.addresses import free_port
 from stack.install import Echo
 from stack.layout import HOME_ENV, StackLayout, default_cache
 from streaming.config import Settings, load_settings
-
-PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True if nothing listens on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(exclude: set[int] | None = None, pair: bool = False) -> int:
-    """A free loopback port p (with pair: p + 1 free too; the stack's services also listen on port + 1)."""
-    exclude = exclude or set()
-    rng = random.Random()
-    for _ in range(500):
-        port = rng.randrange(*PORT_RANGE)
-        wanted = {port, port + 1} if pair else {port}
-        if not wanted & exclude and all(port_free(p) for p in wanted):
-            return port
-    raise RuntimeError(f"no free loopback port found in {PORT_RANGE}")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -82,3 +84,29 @@ def minio_console(api: HostPort) -> HostPort:
 def bind_host(address: HostPort) -> str:
     """The numeric address to bind: localhost binds 127.0.0.1."""
     return "127.0.0.1" if address.host == "localhost" else address.host
+
+
+PORT_RANGE = (20000, 32000)  # below Linux's ephemeral range, so outgoing connections don't take them
+
+
+def loopback_port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if nothing listens on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(exclude: set[int] | None = None, pair: bool = False) -> int:
+    """A free loopback port p (with pair: p + 1 free too; the stack's services also listen on port + 1)."""
+    exclude = exclude or set()
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(*PORT_RANGE)
+        wanted = {port, port + 1} if pair else {port}
+        if not wanted & exclude and all(loopback_port_free(p) for p in wanted):
+            return port
+    raise StackError(f"No free loopback port found in {PORT_RANGE}; stop some services and try again.")

@@ -24,9 +24,10 @@ from stack import StackLayout, down, ensure_topic, up
 from stack import kafka as stack_kafka
 from stack import proc as stack_proc
 from stack import secrets as stack_secrets_mod
+from stack.addresses import loopback_port_free as port_free
 from stack.layout import HOME_ENV, default_cache
 from streaming.config import PROJECT_ROOT, Settings, load_settings
-from tests.helpers import free_port_pair, port_free
+from tests.helpers import free_port_pair
 
 REUSE_ENV = "IOTLAKE_TEST_REUSE_STACK"
 REUSE_HOME = PROJECT_ROOT / "var" / "test-stack"
