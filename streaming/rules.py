@@ -89,6 +89,7 @@ def reason_codes(rules: Rules, now_ms: int) -> Column:
     ]
 
     per_field: list[Column] = []
+    evolved = {c.name for c in rules.extra_columns}
     for name in rules.known_fields:
         value = typed[name]
         # The typed parse nulls a mistyped field; the text parse (read only for corrupt rows) tells the two apart.
@@ -98,7 +99,9 @@ def reason_codes(rules: Rules, now_ms: int) -> Column:
             missing = missing | (F.trim(value) == "")
         if name in rules.required:
             per_field.append(_code(is_object & missing, f"missing_field:{name}"))
-        per_field.append(_code(is_object & value.isNull() & present_as_text, f"wrong_type:{name}"))
+        # A value that doesn't fit a column schema evolution added is a conflict with earlier messages.
+        mistyped = "type_conflict" if name in evolved else "wrong_type"
+        per_field.append(_code(is_object & value.isNull() & present_as_text, f"{mistyped}:{name}"))
         bounds = rules.ranges.get(name)
         if bounds is not None:
             outside = (value < bounds.min) | (value > bounds.max) | F.isnan(value.cast("double"))

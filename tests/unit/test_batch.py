@@ -208,7 +208,7 @@ def test_type_conflict_with_an_evolved_column_is_quarantined(spark: SparkSession
     settings = replace(local_settings, schema_evolution=replace(local_settings.schema_evolution, add_new_fields=True))
     rules = replace(Rules.from_settings(settings), extra_columns=(Column("wind_ms", T.DoubleType(), ""),))
     got = outcomes(spark, [encode(event(wind_ms="windy"))], rules)
-    assert got == [(["wrong_type:wind_ms"], "quarantine")]
+    assert got == [(["type_conflict:wind_ms"], "quarantine")]
 
 
 def test_batch_stats_count_actions_rules_dates_and_buckets(spark: SparkSession, local_settings: Settings) -> None:
