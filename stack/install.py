@@ -90,26 +90,29 @@ def find_java() -> Path:
     return candidate
 
 
+def _require_tool(name: str, fix: str) -> Path:
+    found = shutil.which(name)
+    if found is None:
+        raise StackError(f"{fix} Then run `python -m stack install` again.")
+    return Path(found)
+
+
 def find_mvn() -> Path:
     """Maven, which resolves the Kafka broker jars from Maven Central."""
-    found = shutil.which("mvn")
-    if found is None:
-        raise StackError(
-            "Maven (mvn) is missing; it downloads the Kafka broker jars once. Install it (Debian/Ubuntu: "
-            "`apt-get install maven`; macOS: `brew install maven`) and run `python -m stack install` again."
-        )
-    return Path(found)
+    return _require_tool(
+        "mvn",
+        "Maven (mvn) is missing; it downloads the Kafka broker jars once. Install it (Debian/Ubuntu: "
+        "`apt-get install maven`; macOS: `brew install maven`).",
+    )
 
 
 def find_go() -> Path:
     """Go, which builds the pinned MinIO server once."""
-    found = shutil.which("go")
-    if found is None:
-        raise StackError(
-            "Go is missing; it builds the MinIO server once (about 4 minutes). Install a recent Go from "
-            "https://go.dev/dl/ and put its bin directory on PATH, then run `python -m stack install` again."
-        )
-    return Path(found)
+    return _require_tool(
+        "go",
+        "Go is missing; it builds the MinIO server once (about 4 minutes). Install a recent Go from "
+        "https://go.dev/dl/ and put its bin directory on PATH.",
+    )
 
 
 def check_prerequisites(layout: StackLayout | None = None) -> dict[str, Path]:

@@ -338,16 +338,11 @@ def run(settings: Settings, available_now: bool = False, metrics: IngestMetrics 
 def _explain(error: BaseException, settings: Settings) -> IotLakeError:
     """Turn a Spark failure into one paragraph naming the cause and the fix."""
     text = str(error)
-    for known in (ValidationFailure,):
-        if known.__name__ in text:
-            detail = text.split(f"{known.__name__}:", 1)[-1].strip().splitlines()[0]
-            return known(detail)
-    if "checkpoint" in text.lower() and any(
-        s in text for s in ("incompatible", "not compatible", "STREAMING_", "Provided schema", "does not match")
-    ):
-        return CheckpointError(
-            f"The checkpoint at {checkpoint_location(settings)} belongs to a different query "
-            f"({text.splitlines()[0][:300]}). Point ingest.checkpoint_location at a new folder, or delete the old "
-            "one to start over (the stream then re-reads from kafka.starting_offsets)."
-        )
-    return IotLakeError(f"The streaming query failed: {text.splitlines()[0][:2000]}")
+    # A ValidationFailure raised in foreachBatch comes back through py4j as text inside Spark's error.
+    marker = f"{ValidationFailure.__name__}:"
+    if marker in text:
+        return ValidationFailure(text.split(marker, 1)[1].strip().splitlines()[0])
+    return IotLakeError(
+        f"The streaming query failed: {text.splitlines()[0][:2000]} "
+        f"(checkpoint {checkpoint_location(settings)}; the full log is above)."
+    )

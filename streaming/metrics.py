@@ -62,9 +62,6 @@ class IngestMetrics:
             "iot_ingest_kafka_lag_messages", "Messages behind the latest offset", ["partition"], registry=r
         )
         self.last_batch = Gauge("iot_ingest_last_batch_id", "Id of the last committed batch", registry=r)
-        self.table_version = Gauge(
-            "iot_ingest_table_version", "Delta version after the last write", ["table"], registry=r
-        )
         self.newest_event = Gauge(
             "iot_ingest_newest_event_timestamp_seconds", "Newest event time committed to readings", registry=r
         )
