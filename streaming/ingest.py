@@ -188,7 +188,7 @@ class BatchWriter:
         m.duplicates.inc(max(stats.kept - merged.inserted, 0) if not merged.skipped else 0)
         if stats.newest_event_ms is not None:
             self.newest_event = max(self.newest_event, stats.newest_event_ms / 1000)
-            m.newest_event.set(self.newest_event)
+            m.set_newest_event(self.newest_event)
         return merged.inserted, state.inserted + state.updated
 
     def _record(self, report: BatchReport) -> None:
@@ -232,6 +232,7 @@ class _ProgressListener(StreamingQueryListener):
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:
         self.metrics.up.set(1)
+        self.metrics.starts.inc()
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         self.metrics.record_progress(event.progress.json)

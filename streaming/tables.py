@@ -13,7 +13,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming.config import Settings
+from streaming.config import Settings, TableConfig
 from streaming.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
 from streaming.schema import Column as SchemaColumn
 
@@ -71,21 +71,18 @@ class LakeTables:
     def ensure(self) -> None:
         """Create missing tables with their columns, comments, partitioning and properties."""
         t = self.settings.tables
-        self._create(self.readings_uri, READINGS_COLUMNS, t.readings.partition_by, "One row per distinct reading")
-        self._create(
-            self.device_state_uri,
-            DEVICE_STATE_COLUMNS,
-            t.device_state.partition_by,
-            "Newest reading per device",
-        )
-        self._create(self.quarantine_uri, QUARANTINE_COLUMNS, t.quarantine.partition_by, "Rejected records and why")
+        self._create(self.readings_uri, READINGS_COLUMNS, t.readings, "One row per distinct reading")
+        self._create(self.device_state_uri, DEVICE_STATE_COLUMNS, t.device_state, "Newest reading per device")
+        self._create(self.quarantine_uri, QUARANTINE_COLUMNS, t.quarantine, "Rejected records and why")
 
-    def _create(self, uri: str, columns: Sequence[SchemaColumn], partition_by: Sequence[str], comment: str) -> None:
+    def _create(self, uri: str, columns: Sequence[SchemaColumn], spec: TableConfig, comment: str) -> None:
         builder = DeltaTable.createIfNotExists(self.spark).location(uri).comment(comment)
         for c in columns:
             builder = builder.addColumn(c.name, c.type, nullable=c.nullable, comment=c.comment)
-        if partition_by:
-            builder = builder.partitionedBy(*partition_by)
+        if spec.partition_by:
+            builder = builder.partitionedBy(*spec.partition_by)
+        if spec.cluster_by:
+            builder = builder.clusterBy(*spec.cluster_by)
         t = self.settings.tables
         builder = (
             builder.property("delta.enableChangeDataFeed", "true")
