@@ -143,12 +143,12 @@ def _one_off(settings: Settings) -> Any:
 
 
 def _optimize(settings: Settings, args: argparse.Namespace) -> int:
-    from streaming.maintenance import manual_tasks
+    from streaming.maintenance import manual_tasks, table_specs
 
     maintainer = _one_off(settings)
     results = []
     try:
-        for spec in maintainer.table_specs(args.table):
+        for spec in table_specs(settings, args.table):
             measured = maintainer.measure(spec)
             if measured is None:
                 continue
@@ -170,12 +170,15 @@ def _optimize(settings: Settings, args: argparse.Namespace) -> int:
 
 def _vacuum(settings: Settings, args: argparse.Namespace) -> int:
     from streaming.config import parse_duration
+    from streaming.maintenance import check_vacuum, table_specs
 
     retention = parse_duration(args.retention, "--retention") if args.retention else None
+    for spec in table_specs(settings, args.table):  # refuse before starting Spark
+        check_vacuum(settings, spec.name, retention)
     maintainer = _one_off(settings)
     results = []
     try:
-        for spec in maintainer.table_specs(args.table):
+        for spec in table_specs(settings, args.table):
             if maintainer.measure(spec) is not None:
                 results.append(maintainer.vacuum(spec, retention))
     finally:

@@ -119,6 +119,27 @@ def partition_predicate(partition: str) -> str:
     return f"`{column}` = DATE'{day.isoformat()}'"
 
 
+def table_specs(settings: Settings, only: str | None = None) -> list[TableConfig]:
+    """The three tables, or the one named `only` (a clear error for an unknown name)."""
+    t = settings.tables
+    specs = [t.readings, t.device_state, t.quarantine]
+    chosen = [s for s in specs if only in (None, s.name)]
+    if not chosen:
+        raise ConfigError(f"Unknown table {only!r}. Tables: {[s.name for s in specs]}.")
+    return chosen
+
+
+def table_retention_s(settings: Settings) -> float:
+    return parse_duration(settings.tables.deleted_file_retention, "tables.deleted_file_retention")
+
+
+def check_vacuum(settings: Settings, table: str, retention_s: float | None) -> float:
+    """The retention a VACUUM of `table` will use (default: the table's), after the safety checks."""
+    retention = table_retention_s(settings) if retention_s is None else retention_s
+    check_vacuum_retention(table, retention, table_retention_s(settings), stream_lag_s(settings))
+    return retention
+
+
 class Backoff:
     """Per-table wait after a conflict: retry_backoff, doubling up to max_backoff; reset on success."""
 
@@ -164,22 +185,12 @@ class Maintainer:
 
     # --- tables ---
 
-    def table_specs(self, only: str | None = None) -> list[TableConfig]:
-        t = self.settings.tables
-        specs = [t.readings, t.device_state, t.quarantine]
-        if only is None:
-            return specs
-        chosen = [s for s in specs if only in (s.name,)]
-        if not chosen:
-            raise ConfigError(f"Unknown table {only!r}. Tables: {[s.name for s in specs]}.")
-        return chosen
-
     def uri(self, spec: TableConfig) -> str:
         return self.settings.storage.table_uri(spec.name)
 
     @property
     def retention_s(self) -> float:
-        return parse_duration(self.settings.tables.deleted_file_retention, "tables.deleted_file_retention")
+        return table_retention_s(self.settings)
 
     def measure(self, spec: TableConfig) -> tuple[TableHealth, TableLog] | None:
         """The table's health now (None: not created yet), and the churn since the last measurement."""
@@ -291,8 +302,7 @@ class Maintainer:
         measured by listing the table before and after."""
         from delta.tables import DeltaTable
 
-        retention = self.retention_s if retention_s is None else retention_s
-        check_vacuum_retention(spec.name, retention, self.retention_s, stream_lag_s(self.settings))
+        retention = check_vacuum(self.settings, spec.name, retention_s)
         uri = self.uri(spec)
         before = {o.path: o for o in list_objects(self.settings, uri)}
         started = time.monotonic()
@@ -321,7 +331,7 @@ class Maintainer:
         """Measure every table; compact what crossed a bar; vacuum the tables that are due."""
         now = self.clock()
         report = CycleReport(started=datetime.fromtimestamp(now, UTC).isoformat())
-        for spec in self.table_specs():
+        for spec in table_specs(self.settings):
             waiting = self.backoff.waiting(spec.name)
             if waiting > 0:
                 report.skipped[spec.name] = f"backing off after a write conflict ({waiting:.0f}s left)"

@@ -323,3 +323,28 @@ def test_health_and_metrics_from_a_synthetic_delta_log(tmp_path: Path) -> None:
     assert value("iot_table_vacuum_reclaimable_bytes") == 777
     assert value("iot_table_rows_inserted_total") == 520
     assert value("iot_table_bytes_added_total") == 2000 + 40 * MiB
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"small_file_mb": 500}, "small_file_mb"),
+        ({"min_small_files": 1}, "min_small_files must be >= 2"),
+        ({"open_partition_min_small_files": 3}, "open_partition_min_small_files >= min_small_files"),
+        ({"min_small_file_ratio": 0}, "min_small_file_ratio"),
+        ({"interval": "soon"}, "maintenance.interval"),
+    ],
+)
+def test_maintenance_config_is_validated_with_the_fix(override: dict, message: str) -> None:
+    env = {f"IOTLAKE_MAINTENANCE__{k.upper()}": str(v) for k, v in override.items()}
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env=env)
+
+
+def test_cluster_by_cannot_be_combined_with_partitioning(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("tables:\n  readings: {partition_by: [event_date], cluster_by: [device_id]}\n")
+    with pytest.raises(ConfigError, match="cluster_by"):
+        load_settings(config, env={})
+    config.write_text("tables:\n  readings: {partition_by: [], zorder_by: [], cluster_by: [device_id]}\n")
+    assert load_settings(config, env={}).tables.readings.cluster_by == ("device_id",)
