@@ -37,6 +37,7 @@ from streaming.health import (
 from streaming.lakelog import TableLog, list_objects, read_table
 from streaming.metrics import MaintenanceMetrics
 from streaming.status import stream_lag_s
+from streaming.tables import is_conflict
 
 log = logging.getLogger(__name__)
 
@@ -90,22 +91,6 @@ class CycleReport:
             "vacuumed": [asdict(r) for r in self.vacuumed],
             "skipped": self.skipped,
         }
-
-
-def is_conflict(error: BaseException) -> bool:
-    """A lost optimistic-concurrency race with another writer (retry later), not a real failure."""
-    from delta.exceptions import DeltaConcurrentModificationException
-
-    concurrent = (
-        "ConcurrentAppendException",
-        "ConcurrentDeleteReadException",
-        "ConcurrentDeleteDeleteException",
-        "ConcurrentTransactionException",
-        "ConcurrentWriteException",
-        "MetadataChangedException",
-        "ProtocolChangedException",
-    )
-    return isinstance(error, DeltaConcurrentModificationException) or any(n in str(error)[:500] for n in concurrent)
 
 
 def partition_predicate(partition: str) -> str:

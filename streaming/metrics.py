@@ -50,6 +50,12 @@ class IngestMetrics:
             ["table", "kind"],
             registry=r,
         )
+        self.write_conflicts = Counter(
+            "iot_ingest_write_conflicts_total",
+            "Table writes that lost a conflict to another writer and were retried",
+            ["table"],
+            registry=r,
+        )
         self.duplicates = Counter(
             "iot_ingest_duplicate_rows_total", "Valid messages not inserted: already seen", registry=r
         )

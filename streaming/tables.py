@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import operator
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime
 from functools import reduce
+from typing import TypeVar
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -17,6 +20,19 @@ from streaming.config import Settings, TableConfig
 from streaming.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
 from streaming.schema import Column as SchemaColumn
 
+# Delta's optimistic-concurrency losses: another writer (the maintenance sidecar) committed first.
+CONFLICTS = (
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+)
+WRITE_ATTEMPTS = 5
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
@@ -34,6 +50,36 @@ class MergeResult:
     inserted: int = 0
     updated: int = 0
     skipped: bool = False  # nothing to write, or this transaction was already committed
+
+
+def is_conflict(error: BaseException) -> bool:
+    """A lost race with another writer of the table (try again), not a real failure."""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    return isinstance(error, DeltaConcurrentModificationException) or any(n in str(error)[:500] for n in CONFLICTS)
+
+
+def retry_on_conflict(
+    write: Callable[[], T],
+    table: str,
+    on_conflict: Callable[[str], None],
+    attempts: int = WRITE_ATTEMPTS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run a write; when it loses a conflict, wait (0.5 s, doubling) and run it again, up to `attempts` times.
+
+    Safe because every write carries its transaction id: a write that did commit is a no-op when repeated.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return write()
+        except Exception as e:
+            if attempt == attempts or not is_conflict(e):
+                raise
+            on_conflict(table)
+            log.warning("%s: write conflict with another writer (attempt %d of %d), retrying", table, attempt, attempts)
+            sleep(0.5 * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
 
 
 def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[datetime, datetime]]) -> Column:

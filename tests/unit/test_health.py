@@ -30,8 +30,9 @@ from streaming.health import (
     vacuum_due,
 )
 from streaming.lakelog import list_objects, read_table
-from streaming.maintenance import Backoff, is_conflict, manual_tasks, partition_predicate
+from streaming.maintenance import Backoff, manual_tasks, partition_predicate
 from streaming.metrics import MaintenanceMetrics
+from streaming.tables import is_conflict
 
 pytestmark = pytest.mark.unit
 
@@ -348,3 +349,34 @@ def test_cluster_by_cannot_be_combined_with_partitioning(tmp_path: Path) -> None
         load_settings(config, env={})
     config.write_text("tables:\n  readings: {partition_by: [], zorder_by: [], cluster_by: [device_id]}\n")
     assert load_settings(config, env={}).tables.readings.cluster_by == ("device_id",)
+
+
+def test_a_table_write_that_loses_a_conflict_is_retried_with_backoff_and_counted() -> None:
+    from streaming.tables import retry_on_conflict
+
+    outcomes: list[BaseException | str] = [RuntimeError("ConcurrentAppendException: files added")] * 2 + ["ok"]
+    conflicts: list[str] = []
+    waits: list[float] = []
+
+    def write() -> str:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    assert retry_on_conflict(write, "readings", conflicts.append, sleep=waits.append) == "ok"
+    assert conflicts == ["readings", "readings"] and waits == [0.5, 1.0]
+
+    def broken() -> str:
+        raise RuntimeError("java.io.IOException: disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):  # not a conflict: no retry
+        retry_on_conflict(broken, "readings", conflicts.append, sleep=waits.append)
+    assert len(conflicts) == 2
+
+    def always() -> str:
+        raise RuntimeError("ConcurrentDeleteReadException")
+
+    with pytest.raises(RuntimeError, match="ConcurrentDeleteReadException"):
+        retry_on_conflict(always, "readings", conflicts.append, attempts=3, sleep=waits.append)
+    assert len(conflicts) == 4  # two more retries, then the third loss is raised
