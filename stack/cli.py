@@ -21,6 +21,7 @@ from typing import Any
 from stack import api
 from stack.install import install
 from stack.layout import StackLayout
+from streaming import logstore
 from streaming.config import Settings, load_settings
 from streaming.errors import IotLakeError
 
@@ -37,6 +38,8 @@ def load_settings_from(args: argparse.Namespace) -> Settings:
 
 
 def _install(args: argparse.Namespace) -> int:
+    if logstore.needs_jar(load_settings_from(args)):
+        logstore.find_javac()  # fail before the long downloads, not after them
     install(layout())
     # Spark's jars come through Ivy; resolving them here (its own JVM) keeps the first job start short.
     env = dict(os.environ)
