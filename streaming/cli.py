@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from streaming.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from streaming.errors import IotLakeError
+from streaming.ops import OPS_COMMANDS, add_ops_parsers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="print the effective config, secrets masked")
     config.add_argument("--json", action="store_true", help="JSON instead of YAML-ish text")
+    add_ops_parsers(sub)
     return parser
 
 
@@ -96,7 +98,7 @@ def _config(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"ingest": _ingest, "status": _status, "config": _config}
+_COMMANDS = {"ingest": _ingest, "status": _status, "config": _config, **OPS_COMMANDS}
 
 if __name__ == "__main__":
     sys.exit(main())
