@@ -24,7 +24,7 @@ LOG_STORE_CLASS = "io.iotlake.storage.PutIfAbsentLogStore"
 SOURCE = Path(__file__).resolve().parent / "jvm" / "io" / "iotlake" / "storage" / "PutIfAbsentLogStore.java"
 HADOOP_VERSION = "3.5.0"
 JAVAC_TIMEOUT_S = 300
-ROLES = ("ingest", "maintain")
+ROLES = ("ingest", "maintain", "ops")
 
 
 def delta_version() -> str:
@@ -71,7 +71,8 @@ def log_store_conf(settings: Settings, jar: Path | None = None) -> dict[str, str
 def check_writers_safe(settings: Settings, role: str) -> None:
     """Refuse to start a second writer process on S3 tables whose log store is safe for one writer only.
 
-    `role` is the process starting: "ingest" (the stream) or "maintain" (the sidecar, always a second writer).
+    `role` is the process starting: "ingest" (the stream), "maintain" (the sidecar, `iotlake optimize|vacuum`) or
+    "ops" (`iotlake restore|delete-device`); the last two are always a second writer.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -80,7 +81,11 @@ def check_writers_safe(settings: Settings, role: str) -> None:
         return
     if role == "ingest" and not settings.maintenance.enabled:
         return
-    who = "`iotlake maintain` is a second writer" if role == "maintain" else "maintenance.enabled is true"
+    who = {
+        "ingest": "maintenance.enabled is true",
+        "maintain": "`iotlake maintain` is a second writer",
+        "ops": "`iotlake restore` / `delete-device` is a second writer",
+    }[role]
     raise ConfigError(
         f"Unsafe configuration: {who} on the tables under {s.base_uri}, but storage.log_store is single_driver. "
         "Delta's S3SingleDriverLogStore is safe with one writer process only; two can silently overwrite each "

@@ -76,6 +76,8 @@ def test_delta_default_store_gets_no_log_store_conf(env: dict[str, str]) -> None
         ("put_if_absent", "s3a://b/lake", "maintain", True, False),
         ("put_if_absent", "s3a://b/lake", "ingest", True, False),
         ("single_driver", "file:/tmp/lake", "maintain", True, False),
+        ("single_driver", "s3a://b/lake", "ops", False, True),
+        ("put_if_absent", "s3a://b/lake", "ops", False, False),
     ],
 )
 def test_refusal_matrix(log_store: str, base_uri: str, role: str, sidecar: bool, refused: bool) -> None:
