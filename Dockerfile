@@ -5,7 +5,7 @@
 # Spark/Delta/S3A/Kafka jars resolved at build time, so containers never download jars at start-up.
 #
 #   docker build -t iotlake:0.1.0 .                              # what `docker compose build` does
-#   docker build --build-arg WITH_LOGSTORE=true -t iotlake:0.1.0 .   # also build the put-if-absent log store
+#   docker build --build-arg WITH_LOGSTORE=false -t iotlake:0.1.0 .  # without the put-if-absent log store jar
 #
 # Base images are pinned by tag (bump them here, together).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
@@ -22,7 +22,8 @@ ENV JAVA_HOME=/opt/java/openjdk \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    IOTLAKE_SPARK__IVY_CACHE=/opt/iotlake/ivy
+    IOTLAKE_SPARK__IVY_CACHE=/opt/iotlake/ivy \
+    IOTLAKE_CACHE=/opt/iotlake/cache
 # A full JDK here: the optional log-store step compiles a Java class against the resolved jars.
 COPY --from=jdk /opt/java/openjdk /opt/java/openjdk
 RUN python -m venv /opt/venv
@@ -48,10 +49,18 @@ RUN pip install --no-deps -e .
 # Spark's Delta, Kafka-source and S3A jars, resolved by the project's own resolver into the image's Ivy cache.
 RUN python -m streaming.session
 
-# The put-if-absent Delta log store (streaming/logstore.py, safe with two writer processes). Off until that
-# module is on main; then build with --build-arg WITH_LOGSTORE=true (adjust the command to its entry point).
-ARG WITH_LOGSTORE=false
-RUN if [ "$WITH_LOGSTORE" = "true" ]; then python -m streaming.logstore; fi
+# The put-if-absent Delta log store (streaming/logstore.py: two writer processes per table are safe with it).
+# Its jar is compiled here, with the JDK, into $IOTLAKE_CACHE/jars, where streaming.session looks for it: the
+# runtime stage has no javac. WITH_LOGSTORE=auto builds it when streaming/logstore.py exists, true insists,
+# false skips (then set storage.log_store=single_driver and keep one writer per table).
+ARG WITH_LOGSTORE=auto
+RUN case "$WITH_LOGSTORE" in \
+      false) echo "log store jar: skipped (WITH_LOGSTORE=false)" ;; \
+      auto|true) if [ "$WITH_LOGSTORE" = true ] || [ -f streaming/logstore.py ]; then \
+          python -c "from streaming.config import load_settings; from streaming.logstore import ensure_jar; print('log store jar:', ensure_jar(load_settings())[0])"; \
+        else echo "log store jar: skipped (no streaming/logstore.py)"; fi ;; \
+      *) echo "WITH_LOGSTORE must be auto, true or false" >&2; exit 1 ;; \
+    esac
 
 # ---- runtime: the same Python, a JRE, the venv, the jars, non-root ---------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -63,6 +72,7 @@ ENV JAVA_HOME=/opt/java/openjdk \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     IOTLAKE_SPARK__IVY_CACHE=/opt/iotlake/ivy \
+    IOTLAKE_CACHE=/opt/iotlake/cache \
     HOME=/home/iotlake
 COPY --from=jre /opt/java/openjdk /opt/java/openjdk
 RUN groupadd --system --gid 10001 iotlake \
@@ -70,7 +80,8 @@ RUN groupadd --system --gid 10001 iotlake \
         --shell /usr/sbin/nologin iotlake
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app
-# Ivy writes resolution reports into its cache at every session start: the runtime user owns it.
+# Ivy writes resolution reports into its cache at every session start: the runtime user owns it (and the
+# log store jar in /opt/iotlake/cache).
 COPY --from=build --chown=iotlake:iotlake /opt/iotlake /opt/iotlake
 # Mount points for the volumes; a new named volume takes this ownership.
 RUN mkdir -p /app/checkpoints /app/var /tmp/spark-work \
