@@ -752,6 +752,7 @@ def _restore_command(settings: Settings, args: argparse.Namespace) -> int:
     table = resolve_table(settings, args.table)
     what = f"`iotlake restore {table.name} --version {args.version}`"
     _refuse_unattended(args, what)
+    check_writers_safe(settings, "ops")  # before the Spark session starts: refuse in a second, not after 15
     ops = _table_ops(settings)
     if not args.yes:
         latest, _ = ops.latest_version(table)
@@ -784,6 +785,7 @@ def _changes_command(settings: Settings, args: argparse.Namespace) -> int:
 def _delete_device_command(settings: Settings, args: argparse.Namespace) -> int:
     what = f"`iotlake delete-device {args.device_id}`"
     _refuse_unattended(args, what)
+    check_writers_safe(settings, "ops")  # before the Spark session starts: refuse in a second, not after 15
     names = ", ".join(t.name for t in lake_tables(settings))
     question = f"Delete every row of device {args.device_id!r} from {names}? This rewrites files."
     if not confirm(question, assume_yes=args.yes, stdin=sys.stdin, stdout=sys.stdout, refusal=what):

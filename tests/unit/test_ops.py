@@ -196,3 +196,15 @@ def test_errors_found_before_spark_exit_2_without_a_traceback(
     assert "stdin is not a terminal" in err and "Add --yes" in err and "Traceback" not in err
     assert main(["delete-device", "d1"]) == 2
     assert "Add --yes" in capsys.readouterr().err
+
+
+def test_writes_are_refused_before_spark_when_the_log_store_is_single_driver(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("IOTLAKE_STORAGE__LOG_STORE", "single_driver")
+    monkeypatch.setattr("streaming.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
+    assert main(["restore", "readings", "--version", "1", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert "`iotlake restore` / `delete-device` is a second writer" in err and "put_if_absent" in err
+    assert main(["delete-device", "d1", "--yes"]) == 2
+    assert "single_driver" in capsys.readouterr().err
