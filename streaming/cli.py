@@ -151,10 +151,10 @@ def _optimize(settings: Settings, args: argparse.Namespace) -> int:
     results = []
     try:
         for spec in table_specs(settings, args.table):
-            measured = maintainer.measure(spec)
-            if measured is None:
+            health = maintainer.measure(spec)
+            if health is None:
                 continue
-            for task in manual_tasks(measured[0], args.partition):
+            for task in manual_tasks(health, args.partition):
                 results.append(maintainer.optimize(spec, task, task.files))
     finally:
         maintainer.spark.stop()

@@ -174,6 +174,21 @@ def last_of(commits: Iterable[Commit], operations: frozenset[str]) -> int | None
     return max(stamps) if stamps else None
 
 
+def retain(commits: Iterable[Commit], interval_s: float, now_ms: int) -> tuple[Commit, ...]:
+    """The commits table_health needs again next time: the newest, those within the interval, and the
+    newest OPTIMIZE and VACUUM. Lets the sidecar read only new commits each cycle."""
+    ordered = sorted({c.version: c for c in commits}.values(), key=lambda c: c.version)
+    if not ordered:
+        return ()
+    since = now_ms - int(interval_s * 1000)
+    keep = {ordered[-1].version} | {c.version for c in ordered if c.timestamp_ms >= since}
+    for operations in (OPTIMIZE_OPS, VACUUM_OPS):
+        newest = [c for c in ordered if c.operation in operations]
+        if newest:
+            keep.add(newest[-1].version)
+    return tuple(c for c in ordered if c.version in keep)
+
+
 def reclaimable(
     objects: Iterable[StoredObject], live: Iterable[str], retention_s: float, now_ms: int
 ) -> tuple[int, int]:

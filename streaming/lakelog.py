@@ -40,11 +40,15 @@ def open_table(settings: Settings, uri: str) -> Any | None:
         return None
 
 
-def read_table(settings: Settings, uri: str, history: int) -> TableLog | None:
-    """Snapshot files and the newest `history` commits of the table at uri (None: not created yet)."""
+def read_table(settings: Settings, uri: str, history: int, since_version: int | None = None) -> TableLog | None:
+    """Snapshot files and the newest commits of the table at uri: at most `history` of them, and only those
+    after `since_version` when given (one JSON file read per commit). None: the table isn't created yet."""
     table = open_table(settings, uri)
     if table is None:
         return None
+    version = table.version()
+    if since_version is not None:
+        history = min(history, max(version - since_version, 0))
     columns = tuple(table.metadata().partition_columns)
     actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     files = tuple(
@@ -57,10 +61,10 @@ def read_table(settings: Settings, uri: str, history: int) -> TableLog | None:
         )
         for i, path in enumerate(actions.get("path", []))
     )
-    commits = tuple(_commit(entry) for entry in table.history(history) if "version" in entry)
+    commits = tuple(_commit(entry) for entry in table.history(history) if "version" in entry) if history else ()
     return TableLog(
         uri=uri,
-        version=table.version(),
+        version=version,
         files=files,
         commits=commits,
         partition_columns=columns,

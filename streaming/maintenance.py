@@ -24,6 +24,7 @@ from streaming.config import Settings, TableConfig, parse_duration
 from streaming.errors import ConfigError, IotLakeError
 from streaming.health import (
     UNPARTITIONED,
+    Commit,
     CompactionTask,
     StoredObject,
     TableHealth,
@@ -31,10 +32,11 @@ from streaming.health import (
     churn,
     partition_date,
     plan_compaction,
+    retain,
     table_health,
     vacuum_due,
 )
-from streaming.lakelog import TableLog, list_objects, read_table
+from streaming.lakelog import list_objects, read_table
 from streaming.metrics import MaintenanceMetrics
 from streaming.status import stream_lag_s
 from streaming.tables import is_conflict
@@ -165,6 +167,7 @@ class Maintainer:
         m = settings.maintenance
         self.backoff = Backoff(m.retry_backoff_s, m.max_backoff_s)
         self._seen_version: dict[str, int] = {}
+        self._commits: dict[str, tuple[Commit, ...]] = {}
         spark.conf.set(OPTIMIZE_MAX_FILE_SIZE, str(m.target_file_bytes))
         spark.conf.set(OPTIMIZE_MIN_FILE_SIZE, str(m.small_file_bytes))
 
@@ -177,28 +180,34 @@ class Maintainer:
     def retention_s(self) -> float:
         return table_retention_s(self.settings)
 
-    def measure(self, spec: TableConfig) -> tuple[TableHealth, TableLog] | None:
-        """The table's health now (None: not created yet), and the churn since the last measurement."""
-        table_log = read_table(self.settings, self.uri(spec), HISTORY_COMMITS)
+    def measure(self, spec: TableConfig) -> TableHealth | None:
+        """The table's health now (None: not created yet); records it and the churn since the last measurement.
+
+        The first measurement reads the newest HISTORY_COMMITS commits, later ones only the commits since.
+        """
+        seen = self._seen_version.get(spec.name)
+        table_log = read_table(self.settings, self.uri(spec), HISTORY_COMMITS, since_version=seen)
         if table_log is None:
             return None
+        now_ms = int(self.clock() * 1000)
+        interval_s = self.settings.maintenance.interval_s
+        commits = retain([*self._commits.get(spec.name, ()), *table_log.commits], interval_s, now_ms)
+        self._commits[spec.name] = commits
         objects = list(list_objects(self.settings, self.uri(spec)))
         health = table_health(
             spec.name,
             table_log.version,
             table_log.files,
-            table_log.commits,
+            commits,
             objects,
             small_file_bytes=self.settings.maintenance.small_file_bytes,
             retention_s=self.retention_s,
-            interval_s=self.settings.maintenance.interval_s,
-            now_ms=int(self.clock() * 1000),
+            interval_s=interval_s,
+            now_ms=now_ms,
         )
-        seen = self._seen_version.get(spec.name)
-        new = [c for c in table_log.commits if seen is not None and c.version > seen]
         self._seen_version[spec.name] = table_log.version
-        self.metrics.record_health(health, churn(new))
-        return health, table_log
+        self.metrics.record_health(health, churn(table_log.commits if seen is not None else ()))
+        return health
 
     # --- operations ---
 
@@ -321,11 +330,10 @@ class Maintainer:
             if waiting > 0:
                 report.skipped[spec.name] = f"backing off after a write conflict ({waiting:.0f}s left)"
                 continue
-            measured = self.measure(spec)
-            if measured is None:
+            health = self.measure(spec)
+            if health is None:
                 report.skipped[spec.name] = "not created yet"
                 continue
-            health, _ = measured
             report.healths.append(health_summary(health))
             tasks = plan_compaction(health.partitions, datetime.fromtimestamp(now, UTC), self.settings.maintenance)
             by_partition = {p.partition: p for p in health.partitions}

@@ -99,7 +99,7 @@ def test_one_cycle_compacts_a_fragmented_table_and_keeps_every_row(spark: SparkS
     maintainer = Maintainer(spark, settings, metrics)
     measured = maintainer.measure(settings.tables.readings)
     assert measured is not None
-    files_before = measured[0].files
+    files_before = measured.files
     assert files_before == len(closed_days) * APPENDS * FILES_PER_APPEND
 
     report = maintainer.cycle(vacuum=False)
@@ -109,7 +109,7 @@ def test_one_cycle_compacts_a_fragmented_table_and_keeps_every_row(spark: SparkS
     assert all(r.outcome == "ok" and "closed partition" in r.reason for r in optimized), optimized
     measured = maintainer.measure(settings.tables.readings)
     assert measured is not None
-    files_after = measured[0].files
+    files_after = measured.files
     assert files_after * 10 <= files_before, (files_before, files_after)
     assert _fingerprint(spark, tables.readings_uri) == before, "compaction changed the rows"
     files_read_after = _files_read(spark, tables.readings_uri, "dev-7", closed_days[0])
@@ -209,8 +209,16 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
             alive()
             return _sum(_scrape(port), name) >= target
 
-        wait_for(lambda: reached(maintain_port, "iot_maintenance_cycles_total", 10), 600, 1.0, "ten sidecar cycles")
-        wait_for(lambda: reached(ingest_port, "iot_ingest_input_rows_total", sent), 600, 1.0, f"all {sent} messages")
+        try:
+            wait_for(lambda: reached(maintain_port, "iot_maintenance_cycles_total", 10), 900, 1.0, "ten sidecar cycles")
+            wait_for(
+                lambda: reached(ingest_port, "iot_ingest_input_rows_total", sent), 600, 1.0, f"all {sent} messages"
+            )
+        except AssertionError as e:
+            tails = {name: (tmp_path / f"{name}.log").read_text()[-4000:] for name in procs}
+            raise AssertionError(
+                f"{e}\n--- maintain.log\n{tails['maintain']}\n--- ingest.log\n{tails['ingest']}"
+            ) from e
         alive()
         ingest, maintain = _scrape(ingest_port), _scrape(maintain_port)
     finally:

@@ -380,3 +380,21 @@ def test_a_table_write_that_loses_a_conflict_is_retried_with_backoff_and_counted
     with pytest.raises(RuntimeError, match="ConcurrentDeleteReadException"):
         retry_on_conflict(always, "readings", conflicts.append, attempts=3, sleep=waits.append)
     assert len(conflicts) == 4  # two more retries, then the third loss is raised
+
+
+def test_retain_keeps_what_the_next_health_needs_and_drops_the_rest() -> None:
+    from streaming.health import retain
+
+    minute = 60_000
+    commits = [
+        Commit(1, NOW_MS - 90 * minute, "OPTIMIZE"),
+        Commit(2, NOW_MS - 80 * minute, "VACUUM END"),
+        Commit(3, NOW_MS - 70 * minute, "OPTIMIZE"),
+        Commit(4, NOW_MS - 60 * minute, "MERGE"),
+        Commit(5, NOW_MS - 2 * minute, "MERGE"),
+        Commit(6, NOW_MS - 1 * minute, "MERGE"),
+    ]
+    kept = retain([*commits, commits[-1]], interval_s=300, now_ms=NOW_MS)  # a repeated commit counts once
+    assert [c.version for c in kept] == [2, 3, 5, 6]
+    assert retain([], 300, NOW_MS) == ()
+    assert [c.version for c in retain(commits[:4], 300, NOW_MS)] == [2, 3, 4]  # the newest, even if old
