@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", metavar="PATH", help="config YAML (default: $IOTLAKE_CONFIG or config/default.yaml)"
     )
     parser = argparse.ArgumentParser(
-        prog="python -m stack", description="Native local stack: Kafka (KRaft) and MinIO on loopback."
+        prog="python -m stack",
+        description="Native local stack: Kafka (KRaft) and MinIO on loopback, optionally a Spark standalone cluster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import kafka, spark_cluster
+from stack import cli, kafka, spark_cluster
 from stack.addresses import HostPort, kafka_listeners
 from stack.layout import StackLayout
 from streaming.config import load_settings
@@ -131,3 +131,21 @@ def test_cluster_command_lines_bind_loopback(tmp_path: Path) -> None:
 def test_bad_cluster_settings_are_explained(key: str, value: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         load_settings(env={f"IOTLAKE_SPARK_CLUSTER__{key}": value})
+
+
+def test_status_shows_the_spark_lines_only_once_started() -> None:
+    def svc(state: str, pid: int | None) -> dict[str, object]:
+        return {"state": state, "pid": pid, "address": "spark://127.0.0.1:7077", "log": "/v/logs/x.log"}
+
+    info: dict[str, object] = {
+        "kafka": {"state": "running", "pid": 10, "address": "127.0.0.1:9092", "log": "/v/logs/kafka.log"},
+        "minio": {"state": "running", "pid": 11, "address": "http://127.0.0.1:9000", "log": "/v/logs/minio.log"},
+        "spark-master": svc("stopped", None),
+        "spark-worker": svc("stopped", None),
+        "home": "/v",
+        "cache": "/c",
+    }
+    assert [line.split()[0] for line in cli.format_status(info).splitlines()] == ["kafka", "minio", "home"]
+    info["spark-master"], info["spark-worker"] = svc("running", 12), svc("not answering", 13)
+    lines = cli.format_status(info).splitlines()
+    assert [line.split()[:2] for line in lines[2:4]] == [["spark-master", "running"], ["spark-worker", "not"]]
