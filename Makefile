@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DURATION ?= 120
 PYTEST_ARGS ?=
+CLUSTER ?=
 
 .PHONY: install up down status run test unit integration bench lint secrets
 
@@ -15,8 +16,8 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed  ## Python deps, Kafka jars, MinIO binary, Spark/Delta jars (cached outside the clone)
 	$(PY) -m stack install
 
-up: install                  ## start Kafka and MinIO on loopback, create bucket, keys and topic
-	$(PY) -m stack up
+up: install                  ## start Kafka and MinIO on loopback, create bucket, keys and topic (CLUSTER=1: + Spark master/worker)
+	$(PY) -m stack up$(if $(filter 1 yes true,$(CLUSTER)), --cluster)
 
 down:                        ## stop every service of the native stack
 	@if [ -x $(PY) ]; then $(PY) -m stack down; fi

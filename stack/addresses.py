@@ -39,17 +39,42 @@ def _require_loopback(host: str, where: str) -> None:
         )
 
 
-def kafka_listener(bootstrap_servers: str) -> HostPort:
-    """The broker listener: the first host:port of kafka.bootstrap_servers (must be loopback)."""
-    where = "kafka.bootstrap_servers"
-    first = bootstrap_servers.split(",")[0].strip()
-    if "://" in first:
-        first = first.split("://", 1)[1]
-    host, sep, port = first.rpartition(":")
+MAX_KAFKA_NODES = 2
+
+
+def _kafka_server(text: str, where: str) -> HostPort:
+    server = text.strip()
+    if "://" in server:
+        server = server.split("://", 1)[1]
+    host, sep, port = server.rpartition(":")
     if not sep or not host:
-        raise StackError(f"{where}: {first!r} is not host:port. Use e.g. 127.0.0.1:9092.")
+        raise StackError(f"{where}: {server!r} is not host:port. Use e.g. 127.0.0.1:9092.")
     _require_loopback(host, where)
     return HostPort(host, _port(port, where))
+
+
+def kafka_listener(bootstrap_servers: str) -> HostPort:
+    """The broker listener of node 1: the first host:port of kafka.bootstrap_servers (must be loopback)."""
+    return _kafka_server(bootstrap_servers.split(",")[0], "kafka.bootstrap_servers")
+
+
+def kafka_listeners(bootstrap_servers: str) -> list[HostPort]:
+    """One broker listener per host:port of kafka.bootstrap_servers: the native stack runs one Kafka node
+    for each (node 1 broker + controller, node 2 broker only). At most MAX_KAFKA_NODES, all loopback."""
+    where = "kafka.bootstrap_servers"
+    servers = [_kafka_server(part, where) for part in bootstrap_servers.split(",") if part.strip()]
+    if len(servers) > MAX_KAFKA_NODES:
+        raise StackError(
+            f"{where}: {len(servers)} brokers listed; the native stack runs at most {MAX_KAFKA_NODES} "
+            "(node 1 broker + controller, node 2 broker only). List one or two loopback addresses."
+        )
+    ports = [s.port for s in servers] + [kafka_controller(servers[0]).port] if servers else []
+    if len(set(ports)) < len(ports):
+        raise StackError(
+            f"{where}: {bootstrap_servers!r} uses a port twice (node 1's controller listens on its broker "
+            "port + 1). Give each broker its own port, e.g. 127.0.0.1:9092,127.0.0.1:9094."
+        )
+    return servers
 
 
 def kafka_controller(listener: HostPort) -> HostPort:

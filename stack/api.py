@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stack import kafka, minio, proc
+from stack import kafka, minio, proc, spark_cluster
 from stack import secrets as sec
 from stack.addresses import minio_console
-from stack.install import Echo, Installed, install
+from stack.install import Echo, Installed, find_java, install
 from stack.layout import StackLayout
 from streaming.config import Settings, resolve_path
 
@@ -20,10 +20,11 @@ def _timed(echo: Echo | None, started: float, text: str) -> None:
         echo(f"{text} ({time.monotonic() - started:.1f}s)")
 
 
-def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None = print) -> None:
+def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None = print, cluster: bool = False) -> None:
     """Install what is missing, start Kafka and MinIO (reusing running ones), bootstrap MinIO, add the topic.
 
-    Prints one line per step through `echo` (None: silent).
+    With `cluster`, also a Spark standalone master and worker (stack.spark_cluster). Kafka runs one node
+    per address in kafka.bootstrap_servers (one or two). Prints one line per step through `echo` (None: silent).
     """
     layout = layout or StackLayout.default()
     kafka.address(settings), minio.address(settings)  # bad addresses fail before anything is installed
@@ -32,8 +33,10 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     secrets_path = resolve_path(settings.storage.secrets_file)
     secrets = sec.ensure_secrets_file(secrets_path)
 
-    kafka.check_can_start(settings, layout)  # both checked before either starts
+    kafka.check_can_start(settings, layout)  # all checked before any starts
     minio.check_can_start(settings, layout)
+    if cluster:
+        spark_cluster.check_can_start(settings, layout)
     started = time.monotonic()
     kafka_pid, kafka_reused = kafka.launch(settings, layout, inst)
     minio_started = time.monotonic()
@@ -44,7 +47,8 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     _timed(echo, minio_started, f"minio: {verb}, pid {minio_pid}, {settings.storage.endpoint}, ready")
     kafka.wait_ready(settings, layout, kafka_pid)
     verb = "running already" if kafka_reused else "started"
-    _timed(echo, started, f"kafka: {verb}, pid {kafka_pid}, {kafka.address(settings)}, ready")
+    brokers = settings.kafka.bootstrap_servers
+    _timed(echo, started, f"kafka: {verb}, pid {kafka_pid}, {brokers}, ready")
 
     started = time.monotonic()
     minio.bootstrap(settings, secrets)
@@ -52,13 +56,27 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     started = time.monotonic()
     count = kafka.ensure_topic(settings)
     _timed(echo, started, f"topic {settings.kafka.topic!r}: {count} partitions, all with a leader")
+    if cluster:
+        started = time.monotonic()
+        c = spark_cluster.start(settings, layout, find_java())
+        verb = "running already" if c.reused else "started"
+        where = f"master pid {c.master_pid} {c.master_url} (UI {c.webui_url}), worker pid {c.worker_pid}"
+        _timed(echo, started, f"spark: {verb}, {where}, ready")
+        if echo is not None:
+            job = " ".join(f"{k}={v}" for k, v in spark_cluster.job_env(settings).items())
+            echo(f"spark: run the job on the cluster with: {job} iotlake ingest")
     if echo is not None:
         echo(f"secrets: {secrets_path} (mode 0600)")
 
 
 def down(layout: StackLayout | None = None, echo: Echo | None = print) -> None:
-    """Stop MinIO and Kafka if this layout started them (SIGTERM, deadline, SIGKILL). Safe to call twice."""
+    """Stop the Spark cluster, MinIO and Kafka if this layout started them (SIGTERM, deadline, SIGKILL).
+    Safe to call twice."""
     layout = layout or StackLayout.default()
+    started = time.monotonic()
+    worker_pid, master_pid = spark_cluster.stop(layout)
+    if worker_pid or master_pid:
+        _timed(echo, started, f"spark: stopped worker pid {worker_pid}, master pid {master_pid}")
     for name, stop in (("minio", minio.stop), ("kafka", kafka.stop)):
         started = time.monotonic()
         pid = stop(layout)
@@ -76,7 +94,8 @@ def status(settings: Settings, layout: StackLayout | None = None) -> dict[str, A
         "kafka": {
             "state": _state(kafka_pid, lambda: kafka.answers(str(kafka_addr), timeout=2.0)),
             "pid": kafka_pid,
-            "address": str(kafka_addr),
+            "address": settings.kafka.bootstrap_servers,
+            "nodes": {str(node_id): pid for node_id, pid in kafka.running_nodes(layout).items()},
             "topic": settings.kafka.topic,
             "log": str(layout.log("kafka")),
         },
@@ -88,6 +107,7 @@ def status(settings: Settings, layout: StackLayout | None = None) -> dict[str, A
             "bucket": settings.storage.bucket,
             "log": str(layout.log("minio")),
         },
+        **spark_cluster.status(settings, layout),
         "home": str(layout.home),
         "cache": str(layout.cache),
         "secrets_file": str(resolve_path(settings.storage.secrets_file)),

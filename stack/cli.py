@@ -53,7 +53,7 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    api.up(load_settings_from(args), layout())
+    api.up(load_settings_from(args), layout(), cluster=args.cluster)
     return 0
 
 
@@ -72,14 +72,16 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def format_status(info: dict[str, Any]) -> str:
-    """One line per service: name, state, pid, address, log."""
+    """One line per service: name, state, pid, address, log (the Spark cluster's lines only once started)."""
     lines = []
-    for name in ("kafka", "minio"):
-        svc = info[name]
+    for name in ("kafka", "minio", "spark-master", "spark-worker"):
+        svc = info.get(name)
+        if svc is None or (name.startswith("spark") and svc["state"] == "stopped"):
+            continue
         pid = f"pid {svc['pid']}" if svc["pid"] else "-"
         extra = f" (console {svc['console']})" if "console" in svc else ""
-        lines.append(f"{name:<6} {svc['state']:<14} {pid:<10} {svc['address']}{extra}  log {svc['log']}")
-    lines.append(f"home   {info['home']}  cache {info['cache']}")
+        lines.append(f"{name:<12} {svc['state']:<14} {pid:<10} {svc['address']}{extra}  log {svc['log']}")
+    lines.append(f"{'home':<12} {info['home']}  cache {info['cache']}")
     return "\n".join(lines)
 
 
@@ -89,15 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", metavar="PATH", help="config YAML (default: $IOTLAKE_CONFIG or config/default.yaml)"
     )
     parser = argparse.ArgumentParser(
-        prog="python -m stack", description="Native local stack: Kafka (KRaft) and MinIO on loopback."
+        prog="python -m stack",
+        description="Native local stack: Kafka (KRaft) and MinIO on loopback, optionally a Spark standalone cluster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser(
         "install", parents=[common], help="Kafka jars and the MinIO binary, cached outside the clone"
     ).set_defaults(func=_install)
-    sub.add_parser(
+    up = sub.add_parser(
         "up", parents=[common], help="install, start Kafka and MinIO, create the bucket, keys and topic"
-    ).set_defaults(func=_up)
+    )
+    up.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also start a Spark standalone master + worker on loopback (ports: spark_cluster.* in config)",
+    )
+    up.set_defaults(func=_up)
     sub.add_parser("down", parents=[common], help="stop the services this stack started").set_defaults(func=_down)
     status = sub.add_parser("status", parents=[common], help="each service: state, pid, address, log")
     status.add_argument("--json", action="store_true", help="print JSON")

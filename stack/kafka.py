@@ -1,4 +1,4 @@
-"""One-node Kafka (KRaft, broker + controller) on loopback, and idempotent topic creation."""
+"""Kafka (KRaft) on loopback: node 1 broker + controller, optionally node 2 broker only; idempotent topics."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import base64
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stack import proc
-from stack.addresses import HostPort, bind_host, kafka_controller, kafka_listener
+from stack.addresses import MAX_KAFKA_NODES, HostPort, bind_host, kafka_controller, kafka_listeners
 from stack.install import Installed
 from stack.layout import StackLayout
 from streaming.config import Settings
@@ -43,30 +44,82 @@ def admin_client(bootstrap_servers: str, quiet: bool = True) -> AdminClient:
     return AdminClient(conf)
 
 
-def server_properties(settings: Settings, layout: StackLayout) -> str:
-    """server.properties of a one-node KRaft broker+controller on loopback (controller port = broker + 1)."""
-    listener = kafka_listener(settings.kafka.bootstrap_servers)
-    controller = kafka_controller(listener)
-    host = bind_host(listener)
+@dataclass(frozen=True)
+class Node:
+    """One Kafka node of the native stack, for one address of kafka.bootstrap_servers.
+
+    Node 1 is broker + controller, the quorum's only voter. Node 2 (when a second address is listed) is a
+    broker only: losing it leaves the quorum whole, so the cluster keeps a controller and elects new
+    leaders for its partitions (a two-voter quorum would stop when either voter dies).
+    """
+
+    node_id: int
+    listener: HostPort
+    controller: HostPort  # node 1's controller listener (broker port + 1)
+    home: Path
+    count: int  # how many nodes the stack runs
+
+    @property
+    def name(self) -> str:
+        return "kafka" if self.node_id == 1 else f"kafka-{self.node_id}"
+
+    @property
+    def is_controller(self) -> bool:
+        return self.node_id == 1
+
+    @property
+    def data(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def properties_path(self) -> Path:
+        return self.home / "server.properties"
+
+
+def node_home(layout: StackLayout, node_id: int) -> Path:
+    """Node 1 keeps the one-node layout (home/kafka); node N lives in home/kafka-N."""
+    return layout.kafka_home if node_id == 1 else layout.home / f"kafka-{node_id}"
+
+
+def nodes(settings: Settings, layout: StackLayout) -> list[Node]:
+    """The nodes the settings ask for: one per address in kafka.bootstrap_servers (one or two)."""
+    listeners = kafka_listeners(settings.kafka.bootstrap_servers)
+    controller = kafka_controller(listeners[0])
+    return [
+        Node(i, listener, controller, node_home(layout, i), len(listeners))
+        for i, listener in enumerate(listeners, start=1)
+    ]
+
+
+def server_properties(settings: Settings, layout: StackLayout, node_id: int = 1) -> str:
+    """server.properties of one KRaft node on loopback (node 1: broker + controller on broker port + 1;
+    node 2: broker only, voting with node 1's controller)."""
+    node = nodes(settings, layout)[node_id - 1]
+    host = bind_host(node.listener)
+    controller_host = bind_host(node.controller)
+    listeners = f"PLAINTEXT://{host}:{node.listener.port}"
+    if node.is_controller:
+        listeners += f",CONTROLLER://{controller_host}:{node.controller.port}"
+    replicas = str(node.count)  # internal topics on every node, so they survive losing node 2
     props = {
-        "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{host}:{controller.port}",
-        "listeners": f"PLAINTEXT://{host}:{listener.port},CONTROLLER://{host}:{controller.port}",
-        "advertised.listeners": f"PLAINTEXT://{listener}",
+        "process.roles": "broker,controller" if node.is_controller else "broker",
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": f"1@{controller_host}:{node.controller.port}",
+        "listeners": listeners,
+        "advertised.listeners": f"PLAINTEXT://{node.listener}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(layout.kafka_data),
+        "log.dirs": str(node.data),
         "num.partitions": str(settings.kafka.partitions),
         "auto.create.topics.enable": "false",
         "message.max.bytes": str(MESSAGE_MAX_BYTES),
-        # One node: every internal topic has one replica.
-        "offsets.topic.replication.factor": "1",
+        # Internal topics get one replica per node; one in-sync replica is enough to keep working.
+        "offsets.topic.replication.factor": replicas,
         "offsets.topic.num.partitions": "6",
-        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.replication.factor": replicas,
         "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.replication.factor": replicas,
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
     }
@@ -83,18 +136,31 @@ def _parse_properties(text: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
-def service(layout: StackLayout) -> proc.Service:
+def node_service(layout: StackLayout, node_id: int) -> proc.Service:
+    """The process of one node: pid file run/<name>.pid, stdout in logs/<name>.out, log4j in logs/<name>.log."""
+    name = "kafka" if node_id == 1 else f"kafka-{node_id}"
     return proc.Service(
-        name="kafka",
-        pidfile=layout.pidfile("kafka"),
-        log=layout.logs / "kafka.out",
-        marker=str(_properties_path(layout)),
-        extra_logs=(layout.log("kafka"),),
+        name=name,
+        pidfile=layout.pidfile(name),
+        log=layout.logs / f"{name}.out",
+        marker=str(node_home(layout, node_id) / "server.properties"),
+        extra_logs=(layout.log(name),),
     )
 
 
-def _properties_path(layout: StackLayout) -> Path:
-    return layout.kafka_home / "server.properties"
+def service(layout: StackLayout) -> proc.Service:
+    """Node 1's process (the only one of a one-node stack)."""
+    return node_service(layout, 1)
+
+
+def running_nodes(layout: StackLayout) -> dict[int, int]:
+    """Node id -> pid of every node of this layout that runs now."""
+    found = {}
+    for node_id in range(1, MAX_KAFKA_NODES + 1):
+        pid = proc.read_pid(node_service(layout, node_id))
+        if pid is not None:
+            found[node_id] = pid
+    return found
 
 
 def new_cluster_id() -> str:
@@ -106,40 +172,43 @@ def new_cluster_id() -> str:
 
 
 def _cluster_id(layout: StackLayout) -> str:
-    """The cluster id kept in home (made once)."""
+    """The cluster id kept in home (made once, shared by every node)."""
     path = layout.kafka_home / "cluster.id"
     if path.exists():
         return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
     cid = new_cluster_id()
     path.write_text(cid + "\n")
     return cid
 
 
-def _jvm(inst: Installed, layout: StackLayout, heap: str) -> list[str]:
+def _jvm(inst: Installed, layout: StackLayout, heap: str, name: str = "kafka") -> list[str]:
     return [
         str(inst.java),
         heap,
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
         f"-Dkafka.logs.dir={layout.logs}",
+        f"-Diotlake.kafka.log={name}",
         f"-Dlog4j2.configurationFile={layout.kafka_home / 'log4j2.xml'}",
         "-cp",
         inst.kafka_classpath,
     ]
 
 
-def _prepare(settings: Settings, layout: StackLayout, inst: Installed) -> Path:
-    """Write server.properties and log4j2.xml into home; format the storage once."""
+def _prepare(settings: Settings, layout: StackLayout, inst: Installed, node: Node) -> Path:
+    """Write the node's server.properties (and log4j2.xml into home/kafka); format its storage once."""
     layout.make_dirs()
-    props = _properties_path(layout)
-    props.write_text(server_properties(settings, layout))
+    node.data.mkdir(parents=True, exist_ok=True)
+    props = node.properties_path
+    props.write_text(server_properties(settings, layout, node.node_id))
     (layout.kafka_home / "log4j2.xml").write_bytes(
         resources.files("stack").joinpath("resources", "kafka-log4j2.xml").read_bytes()
     )
-    if not (layout.kafka_data / "meta.properties").exists():
+    if not (node.data / "meta.properties").exists():
         proc.run_checked(
             [
-                *_jvm(inst, layout, "-Xmx256m"),
+                *_jvm(inst, layout, "-Xmx256m", node.name),
                 "kafka.tools.StorageTool",
                 "format",
                 "-t",
@@ -148,66 +217,111 @@ def _prepare(settings: Settings, layout: StackLayout, inst: Installed) -> Path:
                 str(props),
                 "--ignore-formatted",
             ],
-            what="Formatting the Kafka storage",
-            fix=f"Check {layout.kafka_data} is writable; to start afresh, run `python -m stack down` and delete it.",
+            what=f"Formatting the Kafka storage of {node.name}",
+            fix=f"Check {node.data} is writable; to start afresh, run `python -m stack down` and delete it.",
             timeout=120,
-            log=layout.logs / "kafka-format.log",
+            log=layout.logs / f"{node.name}-format.log",
         )
     return props
 
 
-def answers(bootstrap_servers: str, timeout: float = 1.0) -> bool:
-    """True if a broker answers a metadata request."""
+def answers(bootstrap_servers: str, timeout: float = 1.0, brokers: int = 1) -> bool:
+    """True if a broker answers a metadata request listing at least `brokers` brokers."""
     try:
         md = admin_client(bootstrap_servers).list_topics(timeout=timeout)
     except KafkaException:
         return False
-    return len(md.brokers) > 0
+    return len(md.brokers) >= brokers
 
 
 def check_can_start(settings: Settings, layout: StackLayout) -> int | None:
-    """The pid of our running broker (same settings), or None after checking its ports are free."""
-    svc = service(layout)
-    pid = proc.read_pid(svc)
-    props_path = _properties_path(layout)
-    if pid is not None:
-        running = _parse_properties(props_path.read_text()) if props_path.exists() else {}
-        wanted = _parse_properties(server_properties(settings, layout))
-        changed = sorted(k for k in ADDRESS_KEYS if running and running.get(k) != wanted[k])
-        if changed:
-            raise StackError(
-                f"Kafka is already running (pid {pid}) with other addresses than the settings ask for "
-                f"({', '.join(f'{k}={running.get(k)}' for k in changed)}). Stop it with "
-                "`python -m stack down`, then run `python -m stack up` again."
-            )
-        return pid
-    listener = kafka_listener(settings.kafka.bootstrap_servers)
-    proc.require_free_ports("Kafka", {"broker": listener, "controller": kafka_controller(listener)}, SETTING)
-    return None
+    """The pid of our running node 1 (same settings), or None after checking the ports of every node are free.
+
+    Every node is checked: one that runs with other addresses, or runs although the settings no longer
+    list it, is an error naming the fix; a node that doesn't run must find its ports free.
+    """
+    wanted_nodes = nodes(settings, layout)
+    running = running_nodes(layout)
+    extra = sorted(set(running) - {n.node_id for n in wanted_nodes})
+    if extra:
+        raise StackError(
+            f"Kafka node(s) {extra} run (pid {', '.join(str(running[i]) for i in extra)}) but "
+            f"kafka.bootstrap_servers lists {len(wanted_nodes)} broker(s). Stop the stack with "
+            "`python -m stack down`, then run `python -m stack up` again."
+        )
+    for node in wanted_nodes:
+        pid = running.get(node.node_id)
+        if pid is not None:
+            props_path = node.properties_path
+            current = _parse_properties(props_path.read_text()) if props_path.exists() else {}
+            wanted = _parse_properties(server_properties(settings, layout, node.node_id))
+            changed = sorted(k for k in ADDRESS_KEYS if current and current.get(k) != wanted[k])
+            if changed:
+                raise StackError(
+                    f"Kafka {node.name} is already running (pid {pid}) with other addresses than the settings "
+                    f"ask for ({', '.join(f'{k}={current.get(k)}' for k in changed)}). Stop it with "
+                    "`python -m stack down`, then run `python -m stack up` again."
+                )
+            continue
+        ports = {"broker": node.listener}
+        if node.is_controller:
+            ports["controller"] = node.controller
+        proc.require_free_ports(f"Kafka {node.name}", ports, SETTING)
+    return running.get(1)
 
 
 def launch(settings: Settings, layout: StackLayout, inst: Installed) -> tuple[int, bool]:
-    """Start the broker detached unless our broker already runs. Returns (pid, reused)."""
-    pid = check_can_start(settings, layout)
-    if pid is not None:
-        return pid, True
-    svc = service(layout)
-    props = _prepare(settings, layout, inst)
-    return proc.start(svc, [*_jvm(inst, layout, HEAP), "kafka.Kafka", str(props)], cwd=layout.kafka_home), False
+    """Start every node detached unless it already runs (node 1 first: it holds the quorum).
+
+    Returns node 1's (pid, reused); `wait_ready` then waits for all nodes.
+    """
+    check_can_start(settings, layout)
+    first: tuple[int, bool] | None = None
+    for node in nodes(settings, layout):
+        svc = node_service(layout, node.node_id)
+        pid = proc.read_pid(svc)
+        reused = pid is not None
+        if pid is None:
+            props = _prepare(settings, layout, inst, node)
+            argv = [*_jvm(inst, layout, HEAP, node.name), "kafka.Kafka", str(props)]
+            pid = proc.start(svc, argv, cwd=node.home)
+        if first is None:
+            first = (pid, reused)
+    assert first is not None  # nodes() returns at least one
+    return first
 
 
 def wait_ready(settings: Settings, layout: StackLayout, pid: int, timeout: float = START_TIMEOUT_S) -> float:
-    """Wait until the broker answers metadata requests; seconds waited."""
-    bootstrap = str(kafka_listener(settings.kafka.bootstrap_servers))
-    return proc.wait_ready(service(layout), pid, lambda: answers(bootstrap), timeout, f"metadata on {bootstrap}")
+    """Wait until node 1 (`pid`) answers metadata requests, then until every other node has registered
+    (each answers on its own listener and node 1 lists them all); seconds waited."""
+    all_nodes = nodes(settings, layout)
+    started = time.monotonic()
+    for node in all_nodes:
+        svc = node_service(layout, node.node_id)
+        node_pid = pid if node.node_id == 1 else proc.read_pid(svc)
+        if node_pid is None:
+            raise StackError(f"Kafka {node.name} is not running. Start the stack with `python -m stack up`.")
+        listener = str(node.listener)
+
+        def registered(bootstrap: str = listener) -> bool:
+            return answers(bootstrap, brokers=len(all_nodes))
+
+        left = max(1.0, timeout - (time.monotonic() - started))
+        what = f"metadata on {listener} listing {len(all_nodes)} broker(s)"
+        proc.wait_ready(svc, node_pid, registered, left, what)
+    return time.monotonic() - started
 
 
 def stop(layout: StackLayout, timeout: float = STOP_TIMEOUT_S) -> int | None:
+    """Stop every node of this layout (brokers first, node 1 last). Returns node 1's pid if it ran."""
+    for node_id in range(MAX_KAFKA_NODES, 1, -1):
+        proc.stop(node_service(layout, node_id), timeout)
     return proc.stop(service(layout), timeout)
 
 
 def address(settings: Settings) -> HostPort:
-    return kafka_listener(settings.kafka.bootstrap_servers)
+    """Node 1's broker listener (validates every address of kafka.bootstrap_servers)."""
+    return kafka_listeners(settings.kafka.bootstrap_servers)[0]
 
 
 def ensure_topic(
@@ -215,16 +329,30 @@ def ensure_topic(
     topic: str | None = None,
     partitions: int | None = None,
     timeout: float = 60.0,
+    replication_factor: int | None = None,
+    min_insync_replicas: int = 1,
 ) -> int:
     """Create the topic (default: settings.kafka.topic with settings.kafka.partitions) unless it exists,
-    then wait until every partition has a leader. Returns the topic's partition count."""
+    then wait until every partition has a leader. Returns the topic's partition count.
+
+    `replication_factor` defaults to one replica per broker listed in kafka.bootstrap_servers (at most
+    3). `min_insync_replicas` 1 lets producers with acks=all carry on while a single replica is left.
+    """
     topic = topic or settings.kafka.topic
     partitions = partitions or settings.kafka.partitions
     bootstrap = settings.kafka.bootstrap_servers
+    if replication_factor is None:
+        replication_factor = min(3, len([s for s in bootstrap.split(",") if s.strip()]))
     admin = admin_client(bootstrap)
     deadline = time.monotonic() + timeout
+    new_topic = NewTopic(
+        topic,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config={"min.insync.replicas": str(min_insync_replicas)},
+    )
     future = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+        [new_topic],
         operation_timeout=max(1.0, timeout / 2),
         request_timeout=timeout,
     )[topic]

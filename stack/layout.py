@@ -51,6 +51,11 @@ class StackLayout:
         return self.kafka_home / "data"
 
     @property
+    def spark_home(self) -> Path:
+        """The Spark standalone cluster's state: its properties files, the worker's work dir."""
+        return self.home / "spark"
+
+    @property
     def minio_data(self) -> Path:
         return self.home / "minio" / "data"
 

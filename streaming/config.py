@@ -112,6 +112,16 @@ class SparkConfig:
 
 
 @dataclass(frozen=True)
+class SparkClusterConfig:
+    """The native Spark standalone cluster (`python -m stack up --cluster`), on loopback."""
+
+    master_port: int = 7077
+    webui_port: int = 8080  # the master's web UI and its /json/ status
+    worker_cores: int = 1
+    worker_memory: str = "2g"  # what the worker offers its executors (spark.executor.memory must fit)
+
+
+@dataclass(frozen=True)
 class IngestConfig:
     checkpoint_location: str = "checkpoints/ingest"
     trigger_interval: str = "5 seconds"
@@ -225,6 +235,7 @@ class Settings:
     kafka: KafkaConfig = KafkaConfig()
     storage: StorageConfig = StorageConfig()
     spark: SparkConfig = SparkConfig()
+    spark_cluster: SparkClusterConfig = SparkClusterConfig()
     ingest: IngestConfig = IngestConfig()
     tables: TablesConfig = TablesConfig()
     validation: ValidationConfig = ValidationConfig()
@@ -308,6 +319,7 @@ _SECTIONS: dict[str, type] = {
     "kafka": KafkaConfig,
     "storage": StorageConfig,
     "spark": SparkConfig,
+    "spark_cluster": SparkClusterConfig,
     "ingest": IngestConfig,
     "validation": ValidationConfig,
     "schema_evolution": SchemaEvolutionConfig,
@@ -486,6 +498,18 @@ def _validate(s: Settings) -> None:
     if not 0 <= s.ingest.metrics_port <= 65535:
         raise ConfigError(f"ingest.metrics_port must be 0..65535, got {s.ingest.metrics_port}.")
     _validate_maintenance(s.maintenance)
+    for key in ("master_port", "webui_port"):
+        port = getattr(s.spark_cluster, key)
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"spark_cluster.{key} must be 1..65535, got {port}.")
+    if s.spark_cluster.master_port == s.spark_cluster.webui_port:
+        raise ConfigError("spark_cluster.master_port and spark_cluster.webui_port must differ.")
+    if s.spark_cluster.worker_cores < 1:
+        raise ConfigError(f"spark_cluster.worker_cores must be >= 1, got {s.spark_cluster.worker_cores}.")
+    if not re.fullmatch(r"[1-9][0-9]*[mg]", s.spark_cluster.worker_memory):
+        raise ConfigError(
+            f"spark_cluster.worker_memory {s.spark_cluster.worker_memory!r} must be a size like 2g or 1536m."
+        )
     v = s.validation
     if v.max_future_skew_s < 0 or v.max_lateness_s <= 0:
         raise ConfigError("validation.max_future_skew must be >= 0 and validation.max_lateness > 0.")

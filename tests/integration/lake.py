@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from producers.cli import main as sensor_sim
+from producers.faults import REASON_BY_KIND
 from stack import secrets as stack_secrets
 from streaming.config import Settings
 from streaming.preflight import minio_client
@@ -96,3 +98,25 @@ def delta_log_actions(settings: Settings, name: str, kind: str) -> list[dict[str
 
 def explain(result: subprocess.CompletedProcess[str]) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
+def assert_tables_match(settings: Settings, secrets: dict[str, str], summary: dict) -> None:
+    """readings = distinct valid events, quarantine = malformed by kind, device_state = newest per device."""
+    readings = read_table(settings, "readings", secrets)
+    ids = [r["event_id"] for r in readings]
+    assert len(ids) == summary["valid_distinct"]
+    assert len(set(ids)) == len(ids), "duplicate event_id in readings"
+
+    quarantine = read_table(settings, "quarantine", secrets)
+    assert len(quarantine) == summary["malformed_total"]
+    expected = Counter({REASON_BY_KIND[k]: n for k, n in summary["malformed_by_kind"].items() if n})
+    assert Counter(q["reason"] for q in quarantine) == expected
+    assert all(len(q["reasons"]) == 1 for q in quarantine), "each malformed kind must have one reason"
+
+    state = {r["device_id"]: r for r in read_table(settings, "device_state", secrets)}
+    latest = summary["latest_by_device"]
+    assert state.keys() == latest.keys()
+    for device, newest in latest.items():
+        row = state[device]
+        got_ms = int(row["event_time"].timestamp() * 1000)
+        assert (got_ms, row["seq"]) == (newest["event_time"], newest["seq"]), device

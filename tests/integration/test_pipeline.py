@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from producers.faults import REASON_BY_KIND
 from streaming.config import Settings
-from tests.integration.lake import explain, read_table, run_ingest, simulate
+from tests.integration.lake import assert_tables_match, explain, read_table, run_ingest, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,28 +24,6 @@ FAULTS = (
     "--malformed-rate",
     "0.04",
 )
-
-
-def assert_tables_match(settings: Settings, secrets: dict[str, str], summary: dict) -> None:
-    """readings = distinct valid events, quarantine = malformed by kind, device_state = newest per device."""
-    readings = read_table(settings, "readings", secrets)
-    ids = [r["event_id"] for r in readings]
-    assert len(ids) == summary["valid_distinct"]
-    assert len(set(ids)) == len(ids), "duplicate event_id in readings"
-
-    quarantine = read_table(settings, "quarantine", secrets)
-    assert len(quarantine) == summary["malformed_total"]
-    expected = Counter({REASON_BY_KIND[k]: n for k, n in summary["malformed_by_kind"].items() if n})
-    assert Counter(q["reason"] for q in quarantine) == expected
-    assert all(len(q["reasons"]) == 1 for q in quarantine), "each malformed kind must have one reason"
-
-    state = {r["device_id"]: r for r in read_table(settings, "device_state", secrets)}
-    latest = summary["latest_by_device"]
-    assert state.keys() == latest.keys()
-    for device, newest in latest.items():
-        row = state[device]
-        got_ms = int(row["event_time"].timestamp() * 1000)
-        assert (got_ms, row["seq"]) == (newest["event_time"], newest["seq"]), device
 
 
 def test_simulator_to_tables_exact_counts(
