@@ -82,12 +82,14 @@ def check_writers_safe(settings: Settings, role: str) -> None:
     sidecar = bool(getattr(getattr(settings, "maintenance", None), "enabled", False))
     if role == "ingest" and not sidecar:
         return
-    who = "`iotlake maintain` is a second writer" if role == "maintain" else "maintenance.enabled is true"
+    why = "maintenance.enabled is true, so the sidecar writes too"
+    if role == "maintain":
+        why = "the maintenance sidecar runs beside the stream"
     raise ConfigError(
-        f"Unsafe configuration: {who} on the tables under {s.base_uri}, but storage.log_store is single_driver. "
-        "Delta's S3SingleDriverLogStore is safe with one writer process only; two can silently overwrite each "
-        "other's commit. Set storage.log_store: put_if_absent (the default; env IOTLAKE_STORAGE__LOG_STORE), "
-        "or run a single writer (maintenance.enabled: false and no `iotlake maintain`)."
+        f"Unsafe configuration: two writer processes on the tables under {s.base_uri} ({why}), but "
+        "storage.log_store is single_driver. Delta's S3SingleDriverLogStore is safe with one writer process only; "
+        "two can silently overwrite each other's commits. Set storage.log_store: put_if_absent (the default; env "
+        "IOTLAKE_STORAGE__LOG_STORE), or run a single writer (maintenance.enabled: false, no `iotlake maintain`)."
     )
 
 

@@ -104,7 +104,7 @@ def test_refusal_matrix(log_store: str, base_uri: str, role: str, sidecar: bool,
 def test_without_a_maintenance_section_ingest_counts_as_the_only_writer() -> None:
     s = _settings(IOTLAKE_STORAGE__LOG_STORE="single_driver")
     logstore.check_writers_safe(s, "ingest")
-    with pytest.raises(ConfigError, match="iotlake maintain"):
+    with pytest.raises(ConfigError, match="sidecar runs beside the stream"):
         logstore.check_writers_safe(s, "maintain")
 
 
@@ -164,4 +164,3 @@ def test_iotlake_ingest_refuses_single_driver_with_the_sidecar_enabled(
     assert iotlake(["ingest"]) == 2
     err = capsys.readouterr().err
     assert "Unsafe configuration" in err and "storage.log_store: put_if_absent" in err
-
