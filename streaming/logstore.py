@@ -81,16 +81,16 @@ def check_writers_safe(settings: Settings, role: str) -> None:
         return
     if role == "ingest" and not settings.maintenance.enabled:
         return
-    who = {
-        "ingest": "maintenance.enabled is true",
-        "maintain": "`iotlake maintain` is a second writer",
-        "ops": "`iotlake restore` / `delete-device` is a second writer",
+    why = {
+        "ingest": "maintenance.enabled is true, so the sidecar writes too",
+        "maintain": "the maintenance sidecar runs beside the stream",
+        "ops": "`iotlake restore` / `delete-device` writes beside the stream",
     }[role]
     raise ConfigError(
-        f"Unsafe configuration: {who} on the tables under {s.base_uri}, but storage.log_store is single_driver. "
-        "Delta's S3SingleDriverLogStore is safe with one writer process only; two can silently overwrite each "
-        "other's commit. Set storage.log_store: put_if_absent (the default; env IOTLAKE_STORAGE__LOG_STORE), "
-        "or run a single writer (maintenance.enabled: false and no `iotlake maintain`)."
+        f"Unsafe configuration: two writer processes on the tables under {s.base_uri} ({why}), but "
+        "storage.log_store is single_driver. Delta's S3SingleDriverLogStore is safe with one writer process only; "
+        "two can silently overwrite each other's commits. Set storage.log_store: put_if_absent (the default; env "
+        "IOTLAKE_STORAGE__LOG_STORE), or run a single writer (maintenance.enabled: false, no `iotlake maintain`)."
     )
 
 

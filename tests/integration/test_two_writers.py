@@ -46,7 +46,7 @@ def _version_file(version: int) -> str:
 @pytest.fixture(scope="module")
 def harness_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The classpath of one race writer: Spark's jars, delta-storage + S3A + AWS SDK, the log store, the harness."""
-    base = load_settings(env={})
+    base = load_settings()  # for spark.ivy_cache; IOTLAKE_* overrides apply
     jar, _ = logstore.ensure_jar(base)
     classes = tmp_path_factory.mktemp("race-classes")
     compile_cp = [*logstore.compile_classpath(base), jar]
@@ -210,7 +210,7 @@ def test_two_spark_drivers_appending_concurrently_lose_no_commit_and_no_row(
             assert not dead, f"a driver exited before it was ready; see {tmp_path}/driver-*.log"
             assert time.monotonic() < deadline, "drivers not ready within 600 s"
             time.sleep(0.2)
-        for w in WRITERS:
+        for w in WRITERS:  # the class Delta resolved for the table's s3a:// path, read from each driver's JVM
             assert (tmp_path / f"ready-{w}").read_text() == logstore.LOG_STORE_CLASS
         go.touch()
         for p, _ in procs:

@@ -12,10 +12,20 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from pyspark.sql import SparkSession
+
 from streaming.config import load_settings
 from streaming.session import build_session
 
 GO_TIMEOUT_S = 600.0
+
+
+def log_store_in_use(spark: SparkSession, uri: str) -> str:
+    """The class Delta itself commits this table with (its DelegatingLogStore picks one per URI scheme)."""
+    jvm = spark._jvm
+    assert jvm is not None
+    store = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, uri).store()
+    return str(store.getDelegate(jvm.org.apache.hadoop.fs.Path(uri)).logStoreImpl().getClass().getName())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--appends", type=int, required=True)
     parser.add_argument("--rows", type=int, required=True)
     parser.add_argument("--create", action="store_true", help="create the table before saying ready")
-    parser.add_argument("--ready", type=Path, required=True, help="written (with the log store class) when ready")
+    parser.add_argument("--ready", type=Path, required=True, help="gets Delta's log store class when ready")
     parser.add_argument("--go", type=Path, required=True, help="appends start once this file exists")
     args = parser.parse_args(argv)
 
@@ -44,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 .addColumn("row", "INT")
                 .execute()
             )
-        args.ready.write_text(spark.conf.get("spark.delta.logStore.s3a.impl", "Delta default") or "")
+        args.ready.write_text(log_store_in_use(spark, uri))
         deadline = time.monotonic() + GO_TIMEOUT_S
         while not args.go.exists():
             if time.monotonic() > deadline:

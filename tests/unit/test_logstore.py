@@ -93,7 +93,7 @@ def test_refusal_matrix(log_store: str, base_uri: str, role: str, sidecar: bool,
 def test_with_the_sidecar_disabled_ingest_is_the_only_writer() -> None:
     s = _settings(IOTLAKE_STORAGE__LOG_STORE="single_driver", IOTLAKE_MAINTENANCE__ENABLED="false")
     logstore.check_writers_safe(s, "ingest")
-    with pytest.raises(ConfigError, match="iotlake maintain"):
+    with pytest.raises(ConfigError, match="sidecar runs beside the stream"):
         logstore.check_writers_safe(s, "maintain")
 
 

@@ -26,9 +26,10 @@ import org.apache.hadoop.fs.s3a.RemoteFileChangedException;
  * {@link FileAlreadyExistsException}, the signal Delta's optimistic transaction uses to check for
  * conflicts and retry at the next version.
  *
- * <p>Needs Hadoop S3A 3.4.2+ with {@code fs.s3a.create.conditional.enabled=true} (the default) and
- * a store that honours {@code If-None-Match} (AWS S3, MinIO). Any other file system is refused
- * with an {@link IOException} instead of being written unsafely. Select it with
+ * <p>Needs S3A with conditional create (Hadoop 3.5.0 here) and
+ * {@code fs.s3a.create.conditional.enabled=true} (the default), on a store that honours
+ * {@code If-None-Match} (AWS S3, MinIO). Any other file system is refused with an
+ * {@link IOException} instead of being written unsafely. Select it with
  * {@code spark.delta.logStore.s3a.impl=io.iotlake.storage.PutIfAbsentLogStore}.
  */
 public class PutIfAbsentLogStore extends HadoopFileSystemLogStore {
