@@ -67,12 +67,14 @@ def _status(args: argparse.Namespace) -> int:
 def format_status(info: dict[str, Any]) -> str:
     """One line per service: name, state, pid, address, log."""
     lines = []
-    for name in ("kafka", "minio"):
+    for name in ("kafka", "minio", "prometheus"):
+        if name not in info:
+            continue
         svc = info[name]
         pid = f"pid {svc['pid']}" if svc["pid"] else "-"
         extra = f" (console {svc['console']})" if "console" in svc else ""
-        lines.append(f"{name:<6} {svc['state']:<14} {pid:<10} {svc['address']}{extra}  log {svc['log']}")
-    lines.append(f"home   {info['home']}  cache {info['cache']}")
+        lines.append(f"{name:<10} {svc['state']:<14} {pid:<10} {svc['address']}{extra}  log {svc['log']}")
+    lines.append(f"{'home':<10} {info['home']}  cache {info['cache']}")
     return "\n".join(lines)
 
 
@@ -82,14 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", metavar="PATH", help="config YAML (default: $IOTLAKE_CONFIG or config/default.yaml)"
     )
     parser = argparse.ArgumentParser(
-        prog="python -m stack", description="Native local stack: Kafka (KRaft) and MinIO on loopback."
+        prog="python -m stack", description="Native local stack: Kafka (KRaft), MinIO and Prometheus on loopback."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser(
-        "install", parents=[common], help="Kafka jars and the MinIO binary, cached outside the clone"
+        "install", parents=[common], help="Kafka jars, the MinIO binary and Prometheus, cached outside the clone"
     ).set_defaults(func=_install)
     sub.add_parser(
-        "up", parents=[common], help="install, start Kafka and MinIO, create the bucket, keys and topic"
+        "up", parents=[common], help="install, start Kafka, MinIO and Prometheus, create the bucket, keys and topic"
     ).set_defaults(func=_up)
     sub.add_parser("down", parents=[common], help="stop the services this stack started").set_defaults(func=_down)
     status = sub.add_parser("status", parents=[common], help="each service: state, pid, address, log")

@@ -166,6 +166,17 @@ class SchemaEvolutionConfig:
 
 
 @dataclass(frozen=True)
+class MonitoringConfig:
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = 9090
+    scrape_interval: str = "5 seconds"
+
+    @property
+    def scrape_interval_s(self) -> float:
+        return parse_duration(self.scrape_interval, "monitoring.scrape_interval")
+
+
+@dataclass(frozen=True)
 class Settings:
     kafka: KafkaConfig = KafkaConfig()
     storage: StorageConfig = StorageConfig()
@@ -174,6 +185,7 @@ class Settings:
     tables: TablesConfig = TablesConfig()
     validation: ValidationConfig = ValidationConfig()
     schema_evolution: SchemaEvolutionConfig = SchemaEvolutionConfig()
+    monitoring: MonitoringConfig = MonitoringConfig()
     source: str = ""
 
     def masked(self) -> dict[str, Any]:
@@ -255,6 +267,7 @@ _SECTIONS: dict[str, type] = {
     "ingest": IngestConfig,
     "validation": ValidationConfig,
     "schema_evolution": SchemaEvolutionConfig,
+    "monitoring": MonitoringConfig,
 }
 
 
@@ -392,6 +405,15 @@ def _validate(s: Settings) -> None:
         parse_duration(getattr(s.tables, key), f"tables.{key}")
     if not 0 <= s.ingest.metrics_port <= 65535:
         raise ConfigError(f"ingest.metrics_port must be 0..65535, got {s.ingest.metrics_port}.")
+    if not 1 <= s.monitoring.prometheus_port <= 65535:
+        raise ConfigError(f"monitoring.prometheus_port must be 1..65535, got {s.monitoring.prometheus_port}.")
+    if not 1 <= s.monitoring.scrape_interval_s <= 300 or s.monitoring.scrape_interval_s != int(
+        s.monitoring.scrape_interval_s
+    ):
+        raise ConfigError(
+            f"monitoring.scrape_interval must be whole seconds between 1 second and 5 minutes, "
+            f"got {s.monitoring.scrape_interval!r}."
+        )
     v = s.validation
     if v.max_future_skew_s < 0 or v.max_lateness_s <= 0:
         raise ConfigError("validation.max_future_skew must be >= 0 and validation.max_lateness > 0.")
