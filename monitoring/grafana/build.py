@@ -24,6 +24,7 @@ GRID_WIDTH = 24
 RATE = "$__rate_interval"
 
 ROWS_PER_S = "suffix: rows/s"
+_RUNS_ZERO = "sum by (table, operation) (increase(iot_maintenance_runs_total[1h])) * 0"
 FILES_PER_S = "suffix: files/s"
 
 
@@ -288,7 +289,14 @@ INGESTION = Dashboard(
             ROWS_PER_S,
             (
                 Query(_rate("iot_sim_messages_sent_total", "kind"), "sent {{kind}}"),
-                Query(_rate("iot_sim_messages_failed_total", "kind"), "failed {{kind}}"),
+                # No failures means no failed series at all: show 0 per kind rather than "No data".
+                Query(
+                    _rate("iot_sim_messages_failed_total", "kind")
+                    + " or "
+                    + _rate("iot_sim_messages_sent_total", "kind")
+                    + " * 0",
+                    "failed {{kind}}",
+                ),
             ),
         ),
         Panel(
@@ -485,12 +493,13 @@ TABLE_HEALTH = Dashboard(
             "operation. Alerts IotMaintenanceConflicting (5/h) and IotMaintenanceFailing (3/h).",
             "short",
             (
+                # A clean hour has no conflict or failure series: show 0 for every table and operation that ran.
                 Query(
-                    "sum by (table, operation) (increase(iot_maintenance_conflicts_total[1h]))",
+                    "sum by (table, operation) (increase(iot_maintenance_conflicts_total[1h])) or " + _RUNS_ZERO,
                     "conflicts {{operation}} {{table}}",
                 ),
                 Query(
-                    "sum by (table, operation) (increase(iot_maintenance_failures_total[1h]))",
+                    "sum by (table, operation) (increase(iot_maintenance_failures_total[1h])) or " + _RUNS_ZERO,
                     "failures {{operation}} {{table}}",
                 ),
             ),
