@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.compaction import CompactionParams, run_compaction
+from bench.compaction import quick as quick_compaction
 from bench.ingest import SustainedParams, run_sustained
 from bench.latency import LatencyParams, run_latency
 from bench.merge import MergeParams, run_merge
 from bench.simulator import SimulatorParams, run_simulator
 from bench.stack import BenchStack, bench_stack
 
-SECTIONS = ("simulator", "sustained", "latency", "merge")
+SECTIONS = ("simulator", "sustained", "latency", "merge", "compaction")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -54,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def params_from(args: argparse.Namespace) -> dict[str, Any]:
     """Every section's parameters: defaults, --quick, then explicit flags."""
     sim, sus, lat, mer = SimulatorParams(), SustainedParams(), LatencyParams(), MergeParams()
+    com = quick_compaction(CompactionParams()) if args.quick else CompactionParams()
     if args.quick:
         sim = replace(sim, counts={"confluent": 50_000, "kafka-python": 10_000}, repeats=1)
         sus = replace(sus, events=100_000, max_offsets_per_trigger=25_000)
@@ -83,7 +86,7 @@ def params_from(args: argparse.Namespace) -> dict[str, Any]:
     if args.merge_sizes:
         mer = replace(mer, sizes=tuple(int(x) for x in args.merge_sizes.split(",")))
     mer = replace(mer, batch_rows=args.merge_batch or mer.batch_rows, runs=args.merge_runs or mer.runs)
-    return {"simulator": sim, "sustained": sus, "latency": lat, "merge": mer}
+    return {"simulator": sim, "sustained": sus, "latency": lat, "merge": mer, "compaction": com}
 
 
 def echo_from(started: float) -> Callable[[str], None]:
@@ -109,6 +112,9 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
         "latency_p99_s": get("latency", "latency_p99_s"),
         "merge_time_ratio_10m_over_1m": get("merge", "literal_ratio"),
         "merge_time_ratio_10m_over_1m_seed": get("merge", "seed_ratio"),
+        "compaction_query_speedup": (get("compaction", "query") or {}).get("speedup"),
+        "compaction_files_read_ratio": (get("compaction", "query") or {}).get("files_ratio"),
+        "ingest_drop_during_compaction_pct": (get("compaction", "ingest") or {}).get("drop_pct"),
         "job_rss_peak_gib": get("latency", "job_rss_peak_gib"),
         "stack_rss_peak_gib": get("latency", "stack_rss_peak_gib"),
     }
@@ -120,6 +126,7 @@ def run_sections(stack: BenchStack, workdir: Path, names: Sequence[str], params:
         "sustained": run_sustained,
         "latency": run_latency,
         "merge": run_merge,
+        "compaction": run_compaction,
     }
     sections: dict[str, Any] = {}
     for name in names:

@@ -34,6 +34,12 @@ TARGETS: tuple[Target, ...] = (
            lambda v: v <= 1.2),
     Target("merge_time_ratio_10m_over_1m_seed", "MERGE time 10M / 1M (seed-style, no literals)", "x", "(none)",
            lambda v: True),
+    Target("compaction_query_speedup", "one-device-one-day query, before / after compaction", "x", ">= 10",
+           lambda v: v >= 10),
+    Target("compaction_files_read_ratio", "files read after / before compaction", "x", "<= 0.05",
+           lambda v: v <= 0.05),
+    Target("ingest_drop_during_compaction_pct", "ingest throughput drop while compacting", "%", "(none)",
+           lambda v: True),
     Target("job_rss_peak_gib", "streaming job RSS peak (python + JVM)", "GiB", "<= 4", lambda v: v <= 4),
     Target("stack_rss_peak_gib", "whole stack RSS peak", "GiB", "(none)", lambda v: True),
 )  # fmt: skip

@@ -41,7 +41,6 @@ TARGET_FILES = {
     "sensor-sim": "simulator",
     "prometheus": "prometheus",
 }
-MAINTAIN_METRICS_PORT = 9109  # maintenance.metrics_port's default (the sidecar's section, issue 4)
 SIMULATOR_METRICS_PORT = 9110  # sensor-sim --metrics-port as `make run` starts it
 
 
@@ -97,21 +96,12 @@ def render_config(settings: Settings, source: Path = CONFIG_SOURCE) -> str:
     return header + yaml.safe_dump(config, sort_keys=False)
 
 
-def _maintain_address(settings: Settings) -> tuple[str, int]:
-    maintenance = getattr(settings, "maintenance", None)  # the sidecar's section; absent before issue 4 lands
-    return (
-        str(getattr(maintenance, "metrics_host", "127.0.0.1")),
-        int(getattr(maintenance, "metrics_port", MAINTAIN_METRICS_PORT)),
-    )
-
-
 def native_targets(settings: Settings, simulator_port: int | None = SIMULATOR_METRICS_PORT) -> dict[str, list[str]]:
     """host:port to scrape per job, from the configured metrics ports (a port of 0 or None: no target)."""
-    maintain_host, maintain_port = _maintain_address(settings)
     web = address(settings)
     wanted = {
         "iotlake-ingest": (settings.ingest.metrics_host, settings.ingest.metrics_port),
-        "iotlake-maintain": (maintain_host, maintain_port),
+        "iotlake-maintain": (settings.maintenance.metrics_host, settings.maintenance.metrics_port),
         "sensor-sim": ("127.0.0.1", simulator_port),
         "prometheus": (bind_host(web), web.port),
     }

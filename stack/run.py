@@ -1,4 +1,5 @@
-"""`make run`: the whole pipeline live on the native stack (Kafka, MinIO, ingest, simulator), then a summary."""
+"""`make run`: the whole pipeline live on the native stack (Kafka, MinIO, ingest, sidecar, simulator), then a
+summary with the tables before and after a final compaction."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from streaming.status import delta_rs_uri, delta_storage_options, stream_status,
 REFRESH_S = 2.0
 INGEST_START_TIMEOUT_S = 300.0
 DRAIN_TIMEOUT_S = 180.0
+SIDECAR_INTERVAL = "30 seconds"  # the demo's sidecar measures (and compacts what crossed a bar) this often
 DEMO_FAULTS = (
     "--duplicate-rate", "0.02",
     "--out-of-order-rate", "0.02",
@@ -109,6 +111,17 @@ def _wait_for_ingest(child: Child, metrics_url: str) -> None:
     raise StackError(f"the streaming job did not start within {INGEST_START_TIMEOUT_S:.0f} s; see {child.log}")
 
 
+def _sidecar_text(sidecar: dict[str, float]) -> str:
+    if not sidecar:
+        return "sidecar -"
+    return (
+        f"sidecar cycles {int(sidecar.get('iot_maintenance_cycles_total', 0))} "
+        f"compacted {int(sidecar.get('iot_maintenance_files_compacted_total', 0))} files, "
+        f"readings {int(sidecar.get('iot_table_files{table=readings}', 0))} files "
+        f"({int(sidecar.get('iot_table_small_files{table=readings}', 0))} small)"
+    )
+
+
 def _live_line(started: float, settings: Settings, metrics: dict[str, float], last: dict[str, Any]) -> str:
     stream = stream_status(settings)
     produced = sum(stream.latest_offsets.values())
@@ -121,8 +134,13 @@ def _live_line(started: float, settings: Settings, metrics: dict[str, float], la
         f"[{now - started:6.0f}s] produced {produced:>9,} ({rate:>8,.0f}/s)  "
         f"readings +{int(metrics.get('iot_ingest_merged_rows_total{kind=inserted,table=readings}', 0)):>9,}  "
         f"quarantined {int(metrics.get('iot_ingest_quarantined_rows_total', 0)):>6,}  "
-        f"lag {stream.total_lag:>7,}  batches {int(metrics.get('iot_ingest_batches_total', 0)):>4}  {shown}"
+        f"lag {stream.total_lag:>7,}  batches {int(metrics.get('iot_ingest_batches_total', 0)):>4}  {shown}  "
+        + _sidecar_text(scrape(_sidecar_url(settings)))
     )
+
+
+def _sidecar_url(settings: Settings) -> str:
+    return f"http://{settings.maintenance.metrics_host}:{settings.maintenance.metrics_port}/metrics"
 
 
 def _quarantine_by_reason(settings: Settings) -> Counter[str]:
@@ -145,6 +163,11 @@ def run_pipeline(settings: Settings, layout: StackLayout, duration: float, rate:
     summary_path = layout.home / "sensor-sim-summary.json"
     print(f"starting the streaming job (log {layout.logs / 'ingest.log'}) ...", flush=True)
     ingest = _spawn("ingest", [sys.executable, "-m", "streaming.cli", "ingest"], layout, env)
+    sidecar: Child | None = None
+    if settings.maintenance.enabled:
+        print(f"starting the maintenance sidecar (log {layout.logs / 'maintain.log'}) ...", flush=True)
+        sidecar_env = {"IOTLAKE_MAINTENANCE__INTERVAL": SIDECAR_INTERVAL, **env}
+        sidecar = _spawn("maintain", [sys.executable, "-m", "streaming.cli", "maintain"], layout, sidecar_env)
     sim: Child | None = None
     started = time.monotonic()
     interrupted = False
@@ -189,9 +212,35 @@ def run_pipeline(settings: Settings, layout: StackLayout, duration: float, rate:
     finally:
         if sim is not None:
             sim.stop()
+        if sidecar is not None:
+            sidecar.stop(timeout=120)
         code = ingest.stop(timeout=120)
-    print_summary(settings, layout, summary_path, ingest, code)
+    compaction = _final_compaction(settings, layout, env) if code in (0, None) else None
+    print_summary(settings, layout, summary_path, ingest, code, compaction)
     return 0 if code in (0, None) else 1
+
+
+def _final_compaction(settings: Settings, layout: StackLayout, env: dict[str, str]) -> list[dict[str, Any]] | None:
+    """With the stream stopped, `iotlake optimize` every table: the files before and after, for the summary."""
+    print("stream stopped; compacting the tables once (iotlake optimize) ...", flush=True)
+    log = layout.logs / "optimize.log"
+    with log.open("wb") as handle:
+        done = subprocess.run(
+            [sys.executable, "-m", "streaming.cli", "optimize", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=handle,
+            env=env,
+            timeout=900,
+            check=False,
+        )
+    try:
+        results: list[dict[str, Any]] = json.loads(done.stdout or b"[]")
+    except ValueError:
+        results = []
+    if done.returncode not in (0, 1) or not isinstance(results, list):
+        print(f"optimize exited with {done.returncode}; see {log}", file=sys.stderr)
+        return None
+    return results
 
 
 def _sleep_until(child: Child, seconds: float) -> None:
@@ -199,7 +248,14 @@ def _sleep_until(child: Child, seconds: float) -> None:
         child.process.wait(seconds)
 
 
-def print_summary(settings: Settings, layout: StackLayout, summary_path: Path, ingest: Child, code: int | None) -> None:
+def print_summary(
+    settings: Settings,
+    layout: StackLayout,
+    summary_path: Path,
+    ingest: Child,
+    code: int | None,
+    compaction: list[dict[str, Any]] | None = None,
+) -> None:
     sent = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     print("\n=== summary " + "=" * 60)
     if sent:
@@ -219,6 +275,13 @@ def print_summary(settings: Settings, layout: StackLayout, summary_path: Path, i
     reasons = _quarantine_by_reason(settings)
     if reasons:
         print("quarantined: " + ", ".join(f"{reason} {n:,}" for reason, n in reasons.most_common()))
+    for r in compaction or []:
+        print(
+            f"compaction:  {r['table']} {r['partition'] or '(table)'}: {r['files_before']} -> {r['files_after']} files "
+            f"({r['bytes_rewritten'] / 2**20:.1f} MiB rewritten, {r['duration_s']:.1f} s, {r['outcome']})"
+        )
+    if compaction == []:
+        print("compaction:  nothing to compact (no partition with two or more small files)")
     stream = stream_status(settings)
     print(f"stream:      last batch {stream.last_batch_id}, lag {stream.total_lag}, checkpoint {stream.checkpoint}")
     print(f"ingest exit: {code}  (log {ingest.log})")

@@ -7,6 +7,9 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import date
+from typing import Any
 
 from streaming.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from streaming.errors import IotLakeError
@@ -35,15 +38,38 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="tables (version, rows, files, size, last commit) and stream lag")
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
+    maintain = sub.add_parser(
+        "maintain", help="the maintenance sidecar: table health metrics, compaction and VACUUM, in a loop"
+    )
+    maintain.add_argument("--once", action="store_true", help="one cycle, then exit (for cron)")
+    maintain.add_argument("--json", action="store_true", help="print each cycle's report as JSON")
+
+    optimize = sub.add_parser("optimize", help="compact (and Z-ORDER) now, with the sidecar's safety")
+    optimize.add_argument("table", nargs="?", help="one table (default: all)")
+    optimize.add_argument("--partition", type=_date, help="only this date partition (YYYY-MM-DD)")
+    optimize.add_argument("--json", action="store_true", help="machine-readable output")
+
+    vacuum = sub.add_parser("vacuum", help="delete unreferenced files older than the retention, now")
+    vacuum.add_argument("table", nargs="?", help="one table (default: all)")
+    vacuum.add_argument("--retention", help="e.g. '7 days' (default: tables.deleted_file_retention)")
+    vacuum.add_argument("--json", action="store_true", help="machine-readable output")
+
     config = sub.add_parser("config", help="print the effective config, secrets masked")
     config.add_argument("--json", action="store_true", help="JSON instead of YAML-ish text")
     return parser
 
 
+def _date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date; use YYYY-MM-DD") from e
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO if args.verbose or args.command == "ingest" else logging.WARNING,
+        level=logging.INFO if args.verbose or args.command in ("ingest", "maintain") else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
@@ -86,6 +112,87 @@ def _status(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _maintain(settings: Settings, args: argparse.Namespace) -> int:
+    from streaming.maintenance import CycleReport, run
+
+    def show(report: CycleReport) -> None:
+        if args.json:
+            print(json.dumps(report.to_dict(), default=str), flush=True)
+            return
+        for r in report.optimized:
+            print(
+                f"optimize {r.table} {r.partition or '(table)'}: {r.outcome}, {r.files_before} -> {r.files_after} files"
+            )
+        for v in report.vacuumed:
+            print(f"vacuum {v.table}: {v.outcome}, {v.files_deleted} files / {v.bytes_deleted} bytes deleted")
+        for table, why in report.skipped.items():
+            print(f"skipped {table}: {why}")
+
+    run(settings, once=args.once, on_cycle=show)
+    return 0
+
+
+def _one_off(settings: Settings) -> Any:
+    """A Maintainer on its own session, for `optimize` / `vacuum` (a second writer, like the sidecar)."""
+    from streaming.logstore import check_writers_safe
+    from streaming.maintenance import Maintainer
+    from streaming.session import build_session
+
+    check_writers_safe(settings, "maintain")
+    return Maintainer(build_session(settings, app_name="iotlake-maintain"), settings)
+
+
+def _optimize(settings: Settings, args: argparse.Namespace) -> int:
+    from streaming.maintenance import manual_tasks, table_specs
+
+    maintainer = _one_off(settings)
+    results = []
+    try:
+        for spec in table_specs(settings, args.table):
+            measured = maintainer.measure(spec)
+            if measured is None:
+                continue
+            for task in manual_tasks(measured[0], args.partition):
+                results.append(maintainer.optimize(spec, task, task.files))
+    finally:
+        maintainer.spark.stop()
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=2))
+    else:
+        print(f"{'table':<14}{'partition':<26}{'files before':>13}{'after':>7}{'MiB rewritten':>15}  outcome")
+        for r in results:
+            mib, where = r.bytes_rewritten / 2**20, r.partition or "(table)"
+            print(f"{r.table:<14}{where:<26}{r.files_before:>13}{r.files_after:>7}{mib:>15.2f}  {r.outcome}")
+        if not results:
+            print("nothing to compact: no partition has two or more small files")
+    return 0 if all(r.outcome == "ok" for r in results) else 1
+
+
+def _vacuum(settings: Settings, args: argparse.Namespace) -> int:
+    from streaming.config import parse_duration
+    from streaming.maintenance import check_vacuum, table_specs
+
+    retention = parse_duration(args.retention, "--retention") if args.retention else None
+    for spec in table_specs(settings, args.table):  # refuse before starting Spark
+        check_vacuum(settings, spec.name, retention)
+    maintainer = _one_off(settings)
+    results = []
+    try:
+        for spec in table_specs(settings, args.table):
+            if maintainer.measure(spec) is not None:
+                results.append(maintainer.vacuum(spec, retention))
+    finally:
+        maintainer.spark.stop()
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=2))
+    else:
+        print(f"{'table':<14}{'retention h':>12}{'files deleted':>15}{'MiB deleted':>13}  outcome")
+        for r in results:
+            hours, mib = r.retention_s / 3600, r.bytes_deleted / 2**20
+            print(f"{r.table:<14}{hours:>12.1f}{r.files_deleted:>15}{mib:>13.2f}  {r.outcome}")
+    return 0 if all(r.outcome == "ok" for r in results) else 1
+
+
 def _config(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print(settings.to_json())
@@ -96,7 +203,14 @@ def _config(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"ingest": _ingest, "status": _status, "config": _config}
+_COMMANDS = {
+    "ingest": _ingest,
+    "status": _status,
+    "maintain": _maintain,
+    "optimize": _optimize,
+    "vacuum": _vacuum,
+    "config": _config,
+}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -119,17 +119,68 @@ class IngestConfig:
 
 @dataclass(frozen=True)
 class TableConfig:
+    """One table's name and layout: partitions + Z-ORDER columns, or liquid clustering (`cluster_by`)."""
+
     name: str
     partition_by: tuple[str, ...] = ()
+    zorder_by: tuple[str, ...] = ()
+    cluster_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class TablesConfig:
-    readings: TableConfig = TableConfig("readings", ("event_date",))
+    readings: TableConfig = TableConfig("readings", ("event_date",), ("device_id",))
     device_state: TableConfig = TableConfig("device_state")
     quarantine: TableConfig = TableConfig("quarantine", ("ingest_date",))
     log_retention: str = "interval 30 days"
     deleted_file_retention: str = "interval 7 days"
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    """The sidecar (`iotlake maintain`): when to compact and vacuum, and how to back off on conflicts."""
+
+    enabled: bool = True
+    interval: str = "5 minutes"
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9109
+    small_file_mb: float = 32.0
+    target_file_size_mb: float = 128.0
+    min_small_files: int = 10
+    min_small_file_ratio: float = 0.5
+    open_partition_min_small_files: int = 200
+    close_after: str = "1 hour"
+    vacuum_interval: str = "1 day"
+    retry_backoff: str = "30 seconds"
+    max_backoff: str = "30 minutes"
+
+    @property
+    def interval_s(self) -> float:
+        return parse_duration(self.interval, "maintenance.interval")
+
+    @property
+    def close_after_s(self) -> float:
+        return parse_duration(self.close_after, "maintenance.close_after")
+
+    @property
+    def vacuum_interval_s(self) -> float:
+        return parse_duration(self.vacuum_interval, "maintenance.vacuum_interval")
+
+    @property
+    def retry_backoff_s(self) -> float:
+        return parse_duration(self.retry_backoff, "maintenance.retry_backoff")
+
+    @property
+    def max_backoff_s(self) -> float:
+        return parse_duration(self.max_backoff, "maintenance.max_backoff")
+
+    @property
+    def small_file_bytes(self) -> int:
+        return int(self.small_file_mb * 2**20)
+
+    @property
+    def target_file_bytes(self) -> int:
+        return int(self.target_file_size_mb * 2**20)
 
 
 @dataclass(frozen=True)
@@ -185,6 +236,7 @@ class Settings:
     tables: TablesConfig = TablesConfig()
     validation: ValidationConfig = ValidationConfig()
     schema_evolution: SchemaEvolutionConfig = SchemaEvolutionConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
     source: str = ""
 
@@ -267,6 +319,7 @@ _SECTIONS: dict[str, type] = {
     "ingest": IngestConfig,
     "validation": ValidationConfig,
     "schema_evolution": SchemaEvolutionConfig,
+    "maintenance": MaintenanceConfig,
     "monitoring": MonitoringConfig,
 }
 
@@ -327,6 +380,10 @@ def _coerce(cls: type, key: str, value: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} must be a whole number, got {value!r}.")
         return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where} must be a number, got {value!r}.")
+        return float(value)
     if isinstance(default, str) or default is None:
         return str(value)
     return value
@@ -344,13 +401,19 @@ def _tables(data: Any) -> TablesConfig:
     for key in ("readings", "device_state", "quarantine"):
         current: TableConfig = getattr(base, key)
         spec = data.get(key) or {}
-        if not isinstance(spec, dict) or set(spec) - {"name", "partition_by"}:
-            raise ConfigError(f"tables.{key} takes 'name' and 'partition_by', got {spec!r}.")
+        layout_keys = ("partition_by", "zorder_by", "cluster_by")
+        if not isinstance(spec, dict) or set(spec) - {"name", *layout_keys}:
+            raise ConfigError(f"tables.{key} takes 'name', 'partition_by', 'zorder_by' and 'cluster_by', got {spec!r}.")
         name = str(spec.get("name", current.name))
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ConfigError(f"tables.{key}.name {name!r} must be letters, digits and underscores.")
-        partition_by = tuple(spec.get("partition_by", current.partition_by) or ())
-        values[key] = TableConfig(name, partition_by)
+        layout = {k: tuple(spec.get(k, getattr(current, k)) or ()) for k in layout_keys}
+        if layout["cluster_by"] and (layout["partition_by"] or layout["zorder_by"]):
+            raise ConfigError(
+                f"tables.{key}: cluster_by (liquid clustering) can't be combined with partition_by or zorder_by. "
+                "Set partition_by: [] and zorder_by: [] to cluster, or drop cluster_by."
+            )
+        values[key] = TableConfig(name, **layout)
     for key in ("log_retention", "deleted_file_retention"):
         values[key] = str(data.get(key, getattr(base, key)))
     return TablesConfig(**values)
@@ -387,6 +450,27 @@ def _with_secrets(settings: Settings) -> Settings:
     return replace(settings, storage=replace(storage, access_key=access, secret_key=secret))
 
 
+def _validate_maintenance(m: MaintenanceConfig) -> None:
+    for key in ("interval", "close_after", "vacuum_interval", "retry_backoff", "max_backoff"):
+        parse_duration(getattr(m, key), f"maintenance.{key}")
+    if m.interval_s <= 0 or m.retry_backoff_s <= 0 or m.max_backoff_s < m.retry_backoff_s:
+        raise ConfigError("maintenance.interval and retry_backoff must be > 0, and max_backoff >= retry_backoff.")
+    if not 0 <= m.metrics_port <= 65535:
+        raise ConfigError(f"maintenance.metrics_port must be 0..65535, got {m.metrics_port}.")
+    if not 0 < m.small_file_mb < m.target_file_size_mb:
+        raise ConfigError(
+            f"maintenance.small_file_mb ({m.small_file_mb}) must be > 0 and below target_file_size_mb "
+            f"({m.target_file_size_mb}): a file is small when it is well under the size compaction aims for."
+        )
+    if m.min_small_files < 2 or m.open_partition_min_small_files < m.min_small_files:
+        raise ConfigError(
+            "maintenance.min_small_files must be >= 2 (one file can't be compacted), and "
+            "open_partition_min_small_files >= min_small_files (the open partition has the higher bar)."
+        )
+    if not 0 < m.min_small_file_ratio <= 1:
+        raise ConfigError(f"maintenance.min_small_file_ratio must be in (0, 1], got {m.min_small_file_ratio}.")
+
+
 def _validate(s: Settings) -> None:
     if not s.kafka.bootstrap_servers.strip():
         raise ConfigError("kafka.bootstrap_servers is empty. Set it to host:port[,host:port].")
@@ -405,6 +489,7 @@ def _validate(s: Settings) -> None:
         parse_duration(getattr(s.tables, key), f"tables.{key}")
     if not 0 <= s.ingest.metrics_port <= 65535:
         raise ConfigError(f"ingest.metrics_port must be 0..65535, got {s.ingest.metrics_port}.")
+    _validate_maintenance(s.maintenance)
     if not 1 <= s.monitoring.prometheus_port <= 65535:
         raise ConfigError(f"monitoring.prometheus_port must be 1..65535, got {s.monitoring.prometheus_port}.")
     if not 1 <= s.monitoring.scrape_interval_s <= 300 or s.monitoring.scrape_interval_s != int(

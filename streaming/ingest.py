@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
@@ -32,9 +32,10 @@ from streaming.metrics import IngestMetrics
 from streaming.preflight import check_kafka, check_storage
 from streaming.rules import Rules
 from streaming.session import build_session
-from streaming.tables import LakeTables, Txn
+from streaming.tables import LakeTables, Txn, retry_on_conflict
 
 log = logging.getLogger("iotlake.ingest")
+T = TypeVar("T")
 QUERY_NAME = "iotlake_ingest"
 
 
@@ -133,7 +134,8 @@ class BatchWriter:
         def append_quarantine() -> None:
             began = time.monotonic()
             try:
-                self.tables.append_quarantine(batch.quarantine(validated, info), txn("quarantine"))
+                rows = batch.quarantine(validated, info)
+                self._retry(lambda: self.tables.append_quarantine(rows, txn("quarantine")), "quarantine")
             except BaseException as e:  # re-raised in the batch's thread below
                 quarantine_error.append(e)
             steps["quarantine_append"] = time.monotonic() - began
@@ -174,10 +176,15 @@ class BatchWriter:
             evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
             ranges = batch.time_ranges(stats.buckets)
             began = time.monotonic()
-            merged = self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), evolve)
+            merged = self._retry(
+                lambda: self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), evolve), "readings"
+            )
             steps["readings_merge"] = time.monotonic() - began
             began = time.monotonic()
-            state = self.tables.upsert_device_state(batch.latest_per_device(rows), txn("device_state"), evolve)
+            latest = batch.latest_per_device(rows)
+            state = self._retry(
+                lambda: self.tables.upsert_device_state(latest, txn("device_state"), evolve), "device_state"
+            )
             steps["device_state_merge"] = time.monotonic() - began
         finally:
             rows.unpersist()
@@ -188,8 +195,12 @@ class BatchWriter:
         m.duplicates.inc(max(stats.kept - merged.inserted, 0) if not merged.skipped else 0)
         if stats.newest_event_ms is not None:
             self.newest_event = max(self.newest_event, stats.newest_event_ms / 1000)
-            m.newest_event.set(self.newest_event)
+            m.set_newest_event(self.newest_event)
         return merged.inserted, state.inserted + state.updated
+
+    def _retry(self, write: Callable[[], T], table: str) -> T:
+        """A table write that survives losing a conflict to the maintenance sidecar (counted per table)."""
+        return retry_on_conflict(write, table, lambda t: self.metrics.write_conflicts.labels(t).inc())
 
     def _record(self, report: BatchReport) -> None:
         m = self.metrics
@@ -232,6 +243,7 @@ class _ProgressListener(StreamingQueryListener):
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:
         self.metrics.up.set(1)
+        self.metrics.starts.inc()
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:
         self.metrics.record_progress(event.progress.json)

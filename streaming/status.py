@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,6 +108,22 @@ def _checkpoint_files(settings: Settings, location: str) -> tuple[list[int], dic
     if commits:
         texts[max(commits)] = (root / "offsets" / str(max(commits))).read_text()
     return commits, texts
+
+
+def stream_lag_s(settings: Settings, now: float | None = None) -> float | None:
+    """Seconds since the stream committed its last batch (None: no checkpoint yet)."""
+    location = checkpoint_location(settings)
+    stamps: list[float] = []
+    if location.startswith("s3a://"):
+        bucket, _, prefix = location.removeprefix("s3a://").partition("/")
+        commits = minio_client(settings).list_objects(bucket, prefix=f"{prefix.rstrip('/')}/commits/")
+        stamps = [o.last_modified.timestamp() for o in commits if o.last_modified is not None]
+    else:
+        folder = Path(location.removeprefix("file://")) / "commits"
+        stamps = [p.stat().st_mtime for p in folder.glob("*") if p.name.isdigit()] if folder.is_dir() else []
+    if not stamps:
+        return None
+    return max((time.time() if now is None else now) - max(stamps), 0.0)
 
 
 def committed_offsets(offsets_text: str, topic: str) -> dict[int, int]:

@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+import logging
 import operator
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime
 from functools import reduce
+from typing import TypeVar
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming.config import Settings
+from streaming.config import Settings, TableConfig
 from streaming.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
 from streaming.schema import Column as SchemaColumn
 
+# Delta's optimistic-concurrency losses: another writer (the maintenance sidecar) committed first.
+CONFLICTS = (
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+)
+WRITE_ATTEMPTS = 5
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
@@ -34,6 +50,36 @@ class MergeResult:
     inserted: int = 0
     updated: int = 0
     skipped: bool = False  # nothing to write, or this transaction was already committed
+
+
+def is_conflict(error: BaseException) -> bool:
+    """A lost race with another writer of the table (try again), not a real failure."""
+    from delta.exceptions import DeltaConcurrentModificationException
+
+    return isinstance(error, DeltaConcurrentModificationException) or any(n in str(error)[:500] for n in CONFLICTS)
+
+
+def retry_on_conflict(
+    write: Callable[[], T],
+    table: str,
+    on_conflict: Callable[[str], None],
+    attempts: int = WRITE_ATTEMPTS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run a write; when it loses a conflict, wait (0.5 s, doubling) and run it again, up to `attempts` times.
+
+    Safe because every write carries its transaction id: a write that did commit is a no-op when repeated.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return write()
+        except Exception as e:
+            if attempt == attempts or not is_conflict(e):
+                raise
+            on_conflict(table)
+            log.warning("%s: write conflict with another writer (attempt %d of %d), retrying", table, attempt, attempts)
+            sleep(0.5 * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
 
 
 def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[datetime, datetime]]) -> Column:
@@ -71,21 +117,18 @@ class LakeTables:
     def ensure(self) -> None:
         """Create missing tables with their columns, comments, partitioning and properties."""
         t = self.settings.tables
-        self._create(self.readings_uri, READINGS_COLUMNS, t.readings.partition_by, "One row per distinct reading")
-        self._create(
-            self.device_state_uri,
-            DEVICE_STATE_COLUMNS,
-            t.device_state.partition_by,
-            "Newest reading per device",
-        )
-        self._create(self.quarantine_uri, QUARANTINE_COLUMNS, t.quarantine.partition_by, "Rejected records and why")
+        self._create(self.readings_uri, READINGS_COLUMNS, t.readings, "One row per distinct reading")
+        self._create(self.device_state_uri, DEVICE_STATE_COLUMNS, t.device_state, "Newest reading per device")
+        self._create(self.quarantine_uri, QUARANTINE_COLUMNS, t.quarantine, "Rejected records and why")
 
-    def _create(self, uri: str, columns: Sequence[SchemaColumn], partition_by: Sequence[str], comment: str) -> None:
+    def _create(self, uri: str, columns: Sequence[SchemaColumn], spec: TableConfig, comment: str) -> None:
         builder = DeltaTable.createIfNotExists(self.spark).location(uri).comment(comment)
         for c in columns:
             builder = builder.addColumn(c.name, c.type, nullable=c.nullable, comment=c.comment)
-        if partition_by:
-            builder = builder.partitionedBy(*partition_by)
+        if spec.partition_by:
+            builder = builder.partitionedBy(*spec.partition_by)
+        if spec.cluster_by:
+            builder = builder.clusterBy(*spec.cluster_by)
         t = self.settings.tables
         builder = (
             builder.property("delta.enableChangeDataFeed", "true")

@@ -277,6 +277,19 @@ INGESTION = Dashboard(
             stacked=True,
         ),
         Panel(
+            "Write conflicts with the sidecar (1h)",
+            "Table writes of the stream that lost a commit race to the maintenance sidecar and were retried "
+            "(exactly once: Delta transaction ids), by table, in the last hour.",
+            "short",
+            (
+                Query(
+                    "sum by (table) (increase(iot_ingest_write_conflicts_total[1h])) or "
+                    "sum by (table) (increase(iot_ingest_merged_rows_total[1h])) * 0",
+                    "{{table}}",
+                ),
+            ),
+        ),
+        Panel(
             "Duplicates",
             "Valid messages per second that were not inserted because readings already holds their event_id "
             "(producer retries, replays).",

@@ -151,8 +151,14 @@ def scraped(
     sim_port = free_port({ingest_port}) if SIM_HAS_METRICS else None
     sidecar_port = free_port({ingest_port, sim_port or 0}) if SIDECAR_EXISTS else None
     if sidecar_port is not None:
-        env["IOTLAKE_MAINTENANCE__METRICS_PORT"] = str(sidecar_port)
-        env["IOTLAKE_MAINTENANCE__INTERVAL"] = "10 seconds"
+        env |= {  # a sidecar that compacts eagerly, so that every maintenance series exists
+            "IOTLAKE_MAINTENANCE__METRICS_PORT": str(sidecar_port),
+            "IOTLAKE_MAINTENANCE__INTERVAL": "5 seconds",
+            "IOTLAKE_MAINTENANCE__MIN_SMALL_FILES": "2",
+            "IOTLAKE_MAINTENANCE__OPEN_PARTITION_MIN_SMALL_FILES": "4",
+            "IOTLAKE_MAINTENANCE__RETRY_BACKOFF": "1 second",
+            "IOTLAKE_MAINTENANCE__MAX_BACKOFF": "4 seconds",
+        }
     settings: Settings = load_settings(env=env)
     ensure_topic(settings)
     scraped = Scraped(prometheus=prom.url(settings), available={"ingest"})

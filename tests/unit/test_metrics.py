@@ -44,3 +44,28 @@ def test_each_instance_has_its_own_registry() -> None:
     first.batches.inc(3)
     assert first.registry.get_sample_value("iot_ingest_batches_total") == 3
     assert second.registry.get_sample_value("iot_ingest_batches_total") == 0
+
+
+def test_freshness_is_now_minus_the_newest_committed_event_at_scrape_time() -> None:
+    import math
+    import time
+
+    metrics = IngestMetrics()
+    value = metrics.registry.get_sample_value
+    assert math.isnan(value("iot_ingest_freshness_seconds") or 0.0)  # nothing committed yet
+    metrics.set_newest_event(time.time() - 42)
+    assert value("iot_ingest_freshness_seconds") == pytest.approx(42, abs=2)
+    assert value("iot_ingest_newest_event_timestamp_seconds") == pytest.approx(time.time() - 42, abs=2)
+
+
+def test_every_metric_follows_the_naming_convention_and_has_help() -> None:
+    import re
+
+    from streaming.metrics import MaintenanceMetrics
+
+    for registry in (IngestMetrics().registry, MaintenanceMetrics().registry):
+        for family in registry.collect():
+            assert re.fullmatch(r"iot_(ingest|table|maintenance)_[a-z_]+", family.name), family.name
+            assert family.documentation, family.name
+            if family.type == "counter":
+                assert all(s.name.endswith(("_total", "_created")) for s in family.samples), family.name

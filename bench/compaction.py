@@ -1,0 +1,173 @@
+"""What the sidecar's compaction buys and costs, side by side in one run.
+
+1. A one-device-one-day query on a fragmented closed partition (many small appends), then one sidecar cycle
+   (`Maintainer.cycle`: OPTIMIZE + Z-ORDER by device_id), then the same query: median time and files read.
+2. Sustained ingest of the same preloaded messages twice: alone, and while the bench's own Spark session
+   compacts a fragmented closed partition of the same readings table (the sidecar's situation). Steady
+   events/s from the job's batch lines, start-up excluded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bench.job import Proc, ingest_argv, run_sim, sim_argv
+from bench.stack import BenchStack
+from bench.stats import median, parse_batch_lines, steady_rate
+from streaming.config import load_settings
+from streaming.maintenance import Maintainer
+from streaming.metrics import MaintenanceMetrics
+from streaming.schema import READINGS_COLUMNS
+from streaming.session import build_session
+from streaming.tables import LakeTables
+
+
+@dataclass(frozen=True)
+class CompactionParams:
+    appends: int = 20
+    files_per_append: int = 20
+    rows_per_append: int = 50_000
+    devices: int = 200
+    query_runs: int = 5
+    ingest_events: int = 300_000
+    max_offsets_per_trigger: int = 25_000
+    timeout_s: float = 1800.0
+
+
+def fragment(spark: Any, uri: str, day: date, params: CompactionParams) -> None:
+    """`appends` small appends of one closed day into the readings table, `files_per_append` files each."""
+    from pyspark.sql import functions as F
+
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    for append in range(params.appends):
+        given = {
+            "event_id": F.concat(F.lit(f"bench-{day.isoformat()}-{append}-"), F.col("id").cast("string")),
+            "device_id": F.concat(F.lit("device-"), F.lpad((F.col("id") % params.devices).cast("string"), 5, "0")),
+            "parcel_id": F.concat(F.lit("parcel-"), (F.col("id") % 20).cast("string")),
+            "seq": F.col("id") + append * params.rows_per_append,
+            "event_time": F.lit(start) + F.make_interval(secs=(F.col("id") * 7 + append) % 86_000),
+            "schema_version": F.lit(1),
+            "air_temperature_c": F.rand(seed=append) * 30,
+            "air_humidity_pct": F.rand(seed=append + 1) * 100,
+            "event_date": F.lit(day),
+        }
+        cols = [given.get(c.name, F.lit(None)).cast(c.type).alias(c.name) for c in READINGS_COLUMNS]
+        frame = spark.range(params.rows_per_append).select(*cols).repartition(params.files_per_append)
+        frame.write.format("delta").mode("append").save(uri)
+
+
+def one_device_one_day(spark: Any, uri: str, device: str, day: date) -> tuple[float, int, int]:
+    """(seconds, files read, rows) of the query a dashboard runs: one device's readings of one day."""
+    from pyspark.sql import functions as F
+
+    frame = spark.read.format("delta").load(uri).where((F.col("device_id") == device) & (F.col("event_date") == day))
+    started = time.perf_counter()
+    row = frame.agg(F.count("*").alias("n"), F.avg("air_temperature_c")).first()
+    seconds = time.perf_counter() - started
+    files = frame.select(F.input_file_name()).distinct().count()
+    return seconds, files, int(row["n"]) if row is not None else 0
+
+
+def _query(spark: Any, uri: str, device: str, day: date, runs: int) -> dict[str, Any]:
+    samples = [one_device_one_day(spark, uri, device, day) for _ in range(runs + 1)][1:]  # first run: warm-up
+    return {
+        "median_s": round(median([s[0] for s in samples]) or 0.0, 4),
+        "runs_s": [round(s[0], 4) for s in samples],
+        "files_read": samples[0][1],
+        "rows": samples[0][2],
+    }
+
+
+def _ingest(stack: BenchStack, env: dict[str, str], workdir: Path, name: str, params: CompactionParams) -> float | None:
+    log = workdir / f"{name}.log"
+    proc = Proc.spawn(name, ingest_argv(available_now=True), env, log)
+    try:
+        code = proc.wait(params.timeout_s)
+    finally:
+        proc.stop()
+    if code != 0:
+        raise RuntimeError(f"{name} exited {code}:\n{proc.tail()}")
+    return steady_rate(parse_batch_lines(log.read_text()), skip=1)
+
+
+def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, echo: Any = print) -> dict[str, Any]:
+    closed_day = datetime.now(UTC).date() - timedelta(days=2)
+    envs = {
+        name: stack.workload(
+            f"compaction-{name}", workdir, IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER=str(params.max_offsets_per_trigger)
+        )
+        for name in ("alone", "during")
+    }
+    settings = {name: load_settings(env=env) for name, env in envs.items()}
+    for name, env in envs.items():  # the same messages in both topics
+        s = settings[name]
+        summary = workdir / f"compaction-{name}-sim.json"
+        argv = sim_argv(s.kafka.bootstrap_servers, s.kafka.topic, summary, rate=0, count=params.ingest_events,
+                        extra=("--seed", "11", "--devices", str(params.devices)))  # fmt: skip
+        run_sim(argv, env, workdir / f"compaction-{name}-sim.log", summary, params.timeout_s)
+    spark = build_session(settings["alone"], app_name="iotlake-bench-compaction")
+    result: dict[str, Any] = {"closed_day": closed_day.isoformat()}
+    try:
+        uris = {}
+        for name in envs:
+            tables = LakeTables(spark, settings[name])
+            tables.ensure()
+            started = time.monotonic()
+            fragment(spark, tables.readings_uri, closed_day, params)
+            uris[name] = tables.readings_uri
+            echo(f"compaction: fragmented {name} table written in {time.monotonic() - started:.0f} s")
+        device = "device-00007"
+        before = _query(spark, uris["alone"], device, closed_day, params.query_runs)
+        echo(f"compaction: before: {before['files_read']} files, median {before['median_s']:.3f} s")
+        maintainer = Maintainer(spark, settings["alone"], MaintenanceMetrics())
+        started = time.monotonic()
+        report = maintainer.cycle(vacuum=False)
+        result["cycle_s"] = round(time.monotonic() - started, 1)
+        result["optimized"] = report.to_dict()["optimized"]
+        after = _query(spark, uris["alone"], device, closed_day, params.query_runs)
+        echo(f"compaction: after: {after['files_read']} files, median {after['median_s']:.3f} s")
+        result["query"] = {
+            "same_answer": before["rows"] == after["rows"],
+            "before": before,
+            "after": after,
+            "speedup": round(before["median_s"] / after["median_s"], 2) if after["median_s"] else None,
+            "files_ratio": round(after["files_read"] / before["files_read"], 4) if before["files_read"] else None,
+        }
+
+        # Ingest alone, then ingest while the other table's closed partition is compacted.
+        alone = _ingest(stack, envs["alone"], workdir, "ingest-alone", params)
+        during_settings = settings["during"]
+        window: dict[str, float] = {}
+
+        def compact() -> None:
+            window["start"] = time.monotonic()
+            cycle = Maintainer(spark, during_settings, MaintenanceMetrics()).cycle(vacuum=False)
+            window["end"] = time.monotonic()
+            result["concurrent_cycle"] = cycle.to_dict()
+
+        compacting = threading.Thread(target=compact)
+        ingest_started = time.monotonic()
+        compacting.start()
+        during = _ingest(stack, envs["during"], workdir, "ingest-during", params)
+        ingest_s = time.monotonic() - ingest_started
+        compacting.join()
+        result["ingest"] = {
+            "during_run_s": round(ingest_s, 1),
+            "compaction_s": round(window.get("end", 0.0) - window.get("start", 0.0), 1),
+            "alone_events_per_s": round(alone or 0.0),
+            "during_compaction_events_per_s": round(during or 0.0),
+            "drop_pct": round(100 * (1 - during / alone), 1) if alone and during else None,
+        }
+        echo(f"compaction: ingest alone {alone or 0:.0f}/s, during compaction {during or 0:.0f}/s")
+    finally:
+        spark.stop()
+    return result
+
+
+def quick(params: CompactionParams) -> CompactionParams:
+    return replace(params, appends=6, rows_per_append=10_000, ingest_events=60_000, max_offsets_per_trigger=10_000)

@@ -1,0 +1,95 @@
+"""Read what table health needs from a Delta table without a JVM: snapshot files and commits (delta-rs),
+and the objects stored under the table (MinIO listing or the local file system)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from streaming.config import Settings
+from streaming.health import UNPARTITIONED, Commit, DataFile, StoredObject
+from streaming.preflight import minio_client
+from streaming.status import delta_rs_uri, delta_storage_options
+
+
+@dataclass(frozen=True)
+class TableLog:
+    """One read of a table: its version, live files, partition columns, properties and recent commits."""
+
+    uri: str
+    version: int
+    files: tuple[DataFile, ...]
+    commits: tuple[Commit, ...]
+    partition_columns: tuple[str, ...]
+    properties: dict[str, str]
+
+
+def open_table(settings: Settings, uri: str) -> Any | None:
+    """The delta-rs table at uri, or None when no table exists there yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(delta_rs_uri(uri), storage_options=delta_storage_options(settings))
+    except TableNotFoundError:
+        return None
+
+
+def read_table(settings: Settings, uri: str, history: int) -> TableLog | None:
+    """Snapshot files and the newest `history` commits of the table at uri (None: not created yet)."""
+    table = open_table(settings, uri)
+    if table is None:
+        return None
+    columns = tuple(table.metadata().partition_columns)
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+    files = tuple(
+        DataFile(
+            path=path,
+            partition="/".join(f"{c}={actions[f'partition.{c}'][i]}" for c in columns) if columns else UNPARTITIONED,
+            size=int(actions["size_bytes"][i] or 0),
+            rows=None if actions.get("num_records") is None else int(actions["num_records"][i] or 0),
+            modified_ms=int(actions["modification_time"][i] or 0),
+        )
+        for i, path in enumerate(actions.get("path", []))
+    )
+    commits = tuple(_commit(entry) for entry in table.history(history) if "version" in entry)
+    return TableLog(
+        uri=uri,
+        version=table.version(),
+        files=files,
+        commits=commits,
+        partition_columns=columns,
+        properties=dict(table.metadata().configuration),
+    )
+
+
+def _commit(entry: dict[str, Any]) -> Commit:
+    metrics = {}
+    for key, value in (entry.get("operationMetrics") or {}).items():
+        try:
+            metrics[key] = int(value)
+        except (TypeError, ValueError):
+            continue
+    return Commit(int(entry["version"]), int(entry.get("timestamp") or 0), str(entry.get("operation") or ""), metrics)
+
+
+def list_objects(settings: Settings, uri: str) -> Iterator[StoredObject]:
+    """Every object under the table root, path relative to it (S3 listing or a local walk)."""
+    if uri.startswith(("s3a://", "s3://")):
+        bucket, _, prefix = uri.split("://", 1)[1].partition("/")
+        prefix = prefix.rstrip("/") + "/"
+        for o in minio_client(settings).list_objects(bucket, prefix=prefix, recursive=True):
+            stamp = o.last_modified.timestamp() if o.last_modified else 0.0
+            yield StoredObject(o.object_name[len(prefix) :], int(o.size or 0), int(stamp * 1000))
+        return
+    root = Path(uri.removeprefix("file://").removeprefix("file:"))
+    for folder, _, names in os.walk(root):
+        for name in names:
+            full = Path(folder) / name
+            stat = full.stat()
+            yield StoredObject(full.relative_to(root).as_posix(), stat.st_size, int(stat.st_mtime * 1000))

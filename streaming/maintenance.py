@@ -1,0 +1,420 @@
+"""The maintenance sidecar: measure every table, compact the partitions that crossed a bar, vacuum when due.
+
+A separate driver process from the stream, writing the same tables: it stays out of the partitions the
+stream writes (closed partitions first, the open one only over a much higher bar), backs off when it
+loses a write conflict, and never makes the stream fail. `iotlake maintain` runs `Maintainer.cycle`
+in a loop; `iotlake optimize` / `iotlake vacuum` run one operation with the same checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from streaming.config import Settings, TableConfig, parse_duration
+from streaming.errors import ConfigError, IotLakeError
+from streaming.health import (
+    UNPARTITIONED,
+    CompactionTask,
+    StoredObject,
+    TableHealth,
+    check_vacuum_retention,
+    churn,
+    partition_date,
+    plan_compaction,
+    table_health,
+    vacuum_due,
+)
+from streaming.lakelog import TableLog, list_objects, read_table
+from streaming.metrics import MaintenanceMetrics
+from streaming.status import stream_lag_s
+from streaming.tables import is_conflict
+
+log = logging.getLogger(__name__)
+
+# Commits read per table and cycle: enough to see the last OPTIMIZE/VACUUM on a busy table.
+HISTORY_COMMITS = 500
+OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
+OPTIMIZE_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    """One OPTIMIZE: where, why, and the files before and after."""
+
+    table: str
+    partition: str
+    reason: str
+    outcome: str  # ok | conflict | failed
+    files_before: int
+    files_after: int
+    files_removed: int = 0
+    files_added: int = 0
+    bytes_rewritten: int = 0
+    duration_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class VacuumResult:
+    table: str
+    retention_s: float
+    outcome: str  # ok | conflict | failed
+    files_deleted: int = 0
+    bytes_deleted: int = 0
+    duration_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class CycleReport:
+    started: str
+    healths: list[dict[str, Any]] = field(default_factory=list)
+    optimized: list[OptimizeResult] = field(default_factory=list)
+    vacuumed: list[VacuumResult] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # table -> why (backing off, not created)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "started": self.started,
+            "tables": self.healths,
+            "optimized": [asdict(r) for r in self.optimized],
+            "vacuumed": [asdict(r) for r in self.vacuumed],
+            "skipped": self.skipped,
+        }
+
+
+def partition_predicate(partition: str) -> str:
+    """OPTIMIZE's partition filter for one date partition, built from a parsed date (never raw text)."""
+    day = partition_date(partition)
+    if day is None:
+        raise ConfigError(f"Can't build a partition filter for {partition!r}: only date partitions are supported.")
+    column = partition.split("=", 1)[0]
+    if not column.isidentifier():
+        raise ConfigError(f"Partition column {column!r} is not a plain identifier.")
+    return f"`{column}` = DATE'{day.isoformat()}'"
+
+
+def table_specs(settings: Settings, only: str | None = None) -> list[TableConfig]:
+    """The three tables, or the one named `only` (a clear error for an unknown name)."""
+    t = settings.tables
+    specs = [t.readings, t.device_state, t.quarantine]
+    chosen = [s for s in specs if only in (None, s.name)]
+    if not chosen:
+        raise ConfigError(f"Unknown table {only!r}. Tables: {[s.name for s in specs]}.")
+    return chosen
+
+
+def table_retention_s(settings: Settings) -> float:
+    return parse_duration(settings.tables.deleted_file_retention, "tables.deleted_file_retention")
+
+
+def check_vacuum(settings: Settings, table: str, retention_s: float | None) -> float:
+    """The retention a VACUUM of `table` will use (default: the table's), after the safety checks."""
+    retention = table_retention_s(settings) if retention_s is None else retention_s
+    check_vacuum_retention(table, retention, table_retention_s(settings), stream_lag_s(settings))
+    return retention
+
+
+class Backoff:
+    """Per-table wait after a conflict: retry_backoff, doubling up to max_backoff; reset on success."""
+
+    def __init__(self, base_s: float, max_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.base_s, self.max_s, self.clock = base_s, max_s, clock
+        self._until: dict[str, float] = {}
+        self._current: dict[str, float] = {}
+
+    def waiting(self, table: str) -> float:
+        """Seconds left before the table may be touched again (0: go)."""
+        return max(self._until.get(table, 0.0) - self.clock(), 0.0)
+
+    def conflict(self, table: str) -> float:
+        delay = min(self._current.get(table, self.base_s / 2) * 2, self.max_s)
+        self._current[table] = delay
+        self._until[table] = self.clock() + delay
+        return delay
+
+    def success(self, table: str) -> None:
+        self._current.pop(table, None)
+        self._until.pop(table, None)
+
+
+class Maintainer:
+    """Measures, compacts and vacuums the three tables with one Spark session."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        metrics: MaintenanceMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.metrics = metrics or MaintenanceMetrics()
+        self.clock = clock
+        m = settings.maintenance
+        self.backoff = Backoff(m.retry_backoff_s, m.max_backoff_s)
+        self._seen_version: dict[str, int] = {}
+        spark.conf.set(OPTIMIZE_MAX_FILE_SIZE, str(m.target_file_bytes))
+        spark.conf.set(OPTIMIZE_MIN_FILE_SIZE, str(m.small_file_bytes))
+
+    # --- tables ---
+
+    def uri(self, spec: TableConfig) -> str:
+        return self.settings.storage.table_uri(spec.name)
+
+    @property
+    def retention_s(self) -> float:
+        return table_retention_s(self.settings)
+
+    def measure(self, spec: TableConfig) -> tuple[TableHealth, TableLog] | None:
+        """The table's health now (None: not created yet), and the churn since the last measurement."""
+        table_log = read_table(self.settings, self.uri(spec), HISTORY_COMMITS)
+        if table_log is None:
+            return None
+        objects = list(list_objects(self.settings, self.uri(spec)))
+        health = table_health(
+            spec.name,
+            table_log.version,
+            table_log.files,
+            table_log.commits,
+            objects,
+            small_file_bytes=self.settings.maintenance.small_file_bytes,
+            retention_s=self.retention_s,
+            interval_s=self.settings.maintenance.interval_s,
+            now_ms=int(self.clock() * 1000),
+        )
+        seen = self._seen_version.get(spec.name)
+        new = [c for c in table_log.commits if seen is not None and c.version > seen]
+        self._seen_version[spec.name] = table_log.version
+        self.metrics.record_health(health, churn(new))
+        return health, table_log
+
+    # --- operations ---
+
+    @contextmanager
+    def _operation(self, table: str, operation: str) -> Iterator[None]:
+        m = self.metrics
+        m.runs.labels(table, operation).inc()
+        with m.duration.labels(table, operation).time():
+            yield
+
+    def optimize(self, spec: TableConfig, task: CompactionTask, files_before: int) -> OptimizeResult:
+        """OPTIMIZE one partition (or the whole table when unpartitioned / clustered), Z-ORDER if configured."""
+        from delta.tables import DeltaTable
+
+        started = time.monotonic()
+        base: dict[str, Any] = {
+            "table": spec.name,
+            "partition": task.partition,
+            "reason": task.reason,
+            "files_before": files_before,
+        }
+        try:
+            with self._operation(spec.name, "optimize"):
+                builder = DeltaTable.forPath(self.spark, self.uri(spec)).optimize()
+                if task.partition != UNPARTITIONED:
+                    builder = builder.where(partition_predicate(task.partition))
+                if spec.zorder_by and not spec.cluster_by:
+                    out = builder.executeZOrderBy(*spec.zorder_by)
+                else:
+                    out = builder.executeCompaction()
+                row = out.select("metrics.*").first()
+        except Exception as e:  # every failure is counted and reported; the loop goes on
+            return self._failed_optimize(spec, task, base, e, time.monotonic() - started)
+        values = row.asDict(recursive=True) if row is not None else {}
+        removed = int(values.get("numFilesRemoved") or 0)
+        added = int(values.get("numFilesAdded") or 0)
+        rewritten = int((values.get("filesRemoved") or {}).get("totalSize") or 0)
+        self.metrics.files_compacted.labels(spec.name, "optimize").inc(removed)
+        self.metrics.bytes_rewritten.labels(spec.name, "optimize").inc(rewritten)
+        self.metrics.last_success.labels(spec.name, "optimize").set(self.clock())
+        self.backoff.success(spec.name)
+        result = OptimizeResult(
+            **base,
+            outcome="ok",
+            files_after=files_before - removed + added,
+            files_removed=removed,
+            files_added=added,
+            bytes_rewritten=rewritten,
+            duration_s=round(time.monotonic() - started, 3),
+        )
+        log.info(
+            "optimize %s %s: %d -> %d files (%d small rewritten, %.1f MiB) in %.1fs [%s]",
+            spec.name,
+            task.partition or "(table)",
+            result.files_before,
+            result.files_after,
+            removed,
+            rewritten / 2**20,
+            result.duration_s,
+            task.reason,
+        )
+        return result
+
+    def _failed_optimize(
+        self, spec: TableConfig, task: CompactionTask, base: dict[str, Any], error: Exception, took: float
+    ) -> OptimizeResult:
+        conflict = is_conflict(error)
+        counter = self.metrics.conflicts if conflict else self.metrics.failures
+        counter.labels(spec.name, "optimize").inc()
+        text = str(error).splitlines()[0][:500] if str(error) else type(error).__name__
+        if conflict:
+            wait = self.backoff.conflict(spec.name)
+            log.warning("optimize %s %s: write conflict, retry in %.0fs: %s", spec.name, task.partition, wait, text)
+        else:
+            log.error("optimize %s %s failed: %s", spec.name, task.partition, text)
+        return OptimizeResult(
+            **base,
+            outcome="conflict" if conflict else "failed",
+            files_after=base["files_before"],
+            duration_s=round(took, 3),
+            error=text,
+        )
+
+    def vacuum(self, spec: TableConfig, retention_s: float | None = None) -> VacuumResult:
+        """VACUUM with the table's retention (or a longer one), after the safety checks; what it deleted is
+        measured by listing the table before and after."""
+        from delta.tables import DeltaTable
+
+        retention = check_vacuum(self.settings, spec.name, retention_s)
+        uri = self.uri(spec)
+        before = {o.path: o for o in list_objects(self.settings, uri)}
+        started = time.monotonic()
+        try:
+            with self._operation(spec.name, "vacuum"):
+                DeltaTable.forPath(self.spark, uri).vacuum(retention / 3600.0)
+        except Exception as e:  # counted and reported; the loop goes on
+            conflict = is_conflict(e)
+            (self.metrics.conflicts if conflict else self.metrics.failures).labels(spec.name, "vacuum").inc()
+            text = str(e).splitlines()[0][:500]
+            log.error("vacuum %s failed: %s", spec.name, text)
+            return VacuumResult(spec.name, retention, "conflict" if conflict else "failed", error=text)
+        after = {o.path for o in list_objects(self.settings, uri)}
+        deleted: list[StoredObject] = [o for path, o in before.items() if path not in after]
+        files, size = len(deleted), sum(o.size for o in deleted)
+        self.metrics.vacuum_files.labels(spec.name).inc(files)
+        self.metrics.vacuum_bytes.labels(spec.name).inc(size)
+        self.metrics.last_success.labels(spec.name, "vacuum").set(self.clock())
+        took = round(time.monotonic() - started, 3)
+        log.info("vacuum %s: deleted %d files (%.1f MiB) in %.1fs", spec.name, files, size / 2**20, took)
+        return VacuumResult(spec.name, retention, "ok", files, size, took)
+
+    # --- one cycle ---
+
+    def cycle(self, vacuum: bool = True) -> CycleReport:
+        """Measure every table; compact what crossed a bar; vacuum the tables that are due."""
+        now = self.clock()
+        report = CycleReport(started=datetime.fromtimestamp(now, UTC).isoformat())
+        for spec in table_specs(self.settings):
+            waiting = self.backoff.waiting(spec.name)
+            if waiting > 0:
+                report.skipped[spec.name] = f"backing off after a write conflict ({waiting:.0f}s left)"
+                continue
+            measured = self.measure(spec)
+            if measured is None:
+                report.skipped[spec.name] = "not created yet"
+                continue
+            health, _ = measured
+            report.healths.append(health_summary(health))
+            tasks = plan_compaction(health.partitions, datetime.fromtimestamp(now, UTC), self.settings.maintenance)
+            by_partition = {p.partition: p for p in health.partitions}
+            for task in tasks:
+                result = self.optimize(spec, task, by_partition[task.partition].files)
+                report.optimized.append(result)
+                if result.outcome == "conflict":
+                    break  # this table waits out its backoff; the other tables go on
+            due = vacuum_due(health.last_vacuum_ms, int(now * 1000), self.settings.maintenance.vacuum_interval_s)
+            if vacuum and due and self.backoff.waiting(spec.name) == 0:
+                try:
+                    report.vacuumed.append(self.vacuum(spec))
+                except ConfigError as e:  # refused by the safety checks: say why, try again next cycle
+                    log.warning("%s", e)
+                    report.skipped[f"{spec.name} vacuum"] = str(e)
+        self.metrics.cycles.inc()
+        return report
+
+
+def health_summary(health: TableHealth) -> dict[str, Any]:
+    """The numbers a person reads in a cycle report."""
+    return {
+        "table": health.table,
+        "version": health.version,
+        "files": health.files,
+        "small_files": health.small_files,
+        "small_file_ratio": round(health.small_file_ratio, 3),
+        "bytes": health.bytes,
+        "rows": health.rows,
+        "partitions": len(health.partitions),
+        "reclaimable_bytes": health.reclaimable_bytes,
+    }
+
+
+def manual_tasks(health: TableHealth, partition: date | None) -> list[CompactionTask]:
+    """`iotlake optimize`: every partition with two or more small files (or the one asked for, if it has
+    two or more files), whatever the sidecar's bars say."""
+    tasks = []
+    for p in health.partitions:
+        if partition is not None and partition_date(p.partition) != partition:
+            continue
+        if p.small_files >= 2 or (partition is not None and p.files >= 2):
+            tasks.append(CompactionTask(p.partition, True, p.files, p.small_files, "requested (iotlake optimize)"))
+    return tasks
+
+
+def run(
+    settings: Settings,
+    once: bool = False,
+    metrics: MaintenanceMetrics | None = None,
+    session: Callable[[], SparkSession] | None = None,
+    on_cycle: Callable[[CycleReport], None] | None = None,
+) -> list[CycleReport]:
+    """The sidecar loop: a cycle every maintenance.interval until SIGINT/SIGTERM (or one with once)."""
+    from streaming.logstore import check_writers_safe
+    from streaming.session import build_session
+
+    check_writers_safe(settings, "maintain")
+    metrics = metrics or MaintenanceMetrics()
+    metrics.serve(settings.maintenance.metrics_host, settings.maintenance.metrics_port)
+    spark = (session or (lambda: build_session(settings, app_name="iotlake-maintain")))()
+    stop = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    reports: list[CycleReport] = []
+    try:
+        maintainer = Maintainer(spark, settings, metrics)
+        metrics.up.set(1)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                report = maintainer.cycle()
+            except IotLakeError:
+                raise  # a configuration or credentials problem: the same next time, so stop and say it
+            except Exception as e:  # a failed cycle is logged and retried next interval
+                log.error("maintenance cycle failed: %s", str(e).splitlines()[0][:500])
+                metrics.failures.labels("*", "cycle").inc()
+            else:
+                reports.append(report)
+                if on_cycle is not None:
+                    on_cycle(report)
+            if once:
+                break
+            stop.wait(max(settings.maintenance.interval_s - (time.monotonic() - started), 0.0))
+        return reports
+    finally:
+        metrics.up.set(0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if session is None:
+            spark.stop()

@@ -1,0 +1,234 @@
+"""The maintenance sidecar against real Spark + Delta on the test MinIO: compaction, VACUUM safety, metrics,
+and the stream running beside it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from stack.addresses import free_port
+from streaming.config import Settings
+from streaming.errors import ConfigError
+from streaming.maintenance import Maintainer
+from streaming.metrics import MaintenanceMetrics
+from streaming.schema import READINGS_COLUMNS
+from streaming.session import build_session
+from streaming.tables import LakeTables
+from tests.helpers import wait_for
+from tests.integration.lake import explain, read_table, simulate
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+APPENDS = 3
+FILES_PER_APPEND = 20
+ROWS_PER_APPEND = 3_000
+DEVICES = 50
+
+
+@pytest.fixture
+def spark(settings: Settings) -> Iterator[SparkSession]:
+    session = build_session(settings, app_name="iotlake-maintenance-test")
+    yield session
+    session.stop()
+
+
+def _readings(spark: SparkSession, append: int, day: date) -> DataFrame:
+    """ROWS_PER_APPEND readings of one day, in the readings table's columns."""
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    given = {
+        "event_id": F.concat(F.lit(f"{day.isoformat()}-{append}-"), F.col("id").cast("string")),
+        "device_id": F.concat(F.lit("dev-"), (F.col("id") % DEVICES).cast("string")),
+        "parcel_id": F.concat(F.lit("parcel-"), (F.col("id") % 5).cast("string")),
+        "seq": F.col("id") + append * ROWS_PER_APPEND,
+        "event_time": F.lit(start) + F.make_interval(secs=F.col("id") % 86_000),
+        "schema_version": F.lit(1),
+        "air_temperature_c": F.rand(seed=append) * 30,
+        "event_date": F.lit(day),
+    }
+    cols = [given.get(c.name, F.lit(None)).cast(c.type).alias(c.name) for c in READINGS_COLUMNS]
+    return spark.range(ROWS_PER_APPEND).select(*cols)
+
+
+def _files_read(spark: SparkSession, uri: str, device: str, day: date) -> int:
+    """Files a one-device-one-day query reads (Delta skips the rest by partition and min/max statistics)."""
+    rows = (
+        spark.read.format("delta")
+        .load(uri)
+        .where((F.col("device_id") == device) & (F.col("event_date") == F.lit(day)))
+        .select(F.input_file_name().alias("f"))
+        .distinct()
+        .collect()
+    )
+    return len(rows)
+
+
+def _fingerprint(spark: SparkSession, uri: str) -> tuple[int, int, float]:
+    row = (
+        spark.read.format("delta")
+        .load(uri)
+        .agg(F.count("*"), F.bit_xor(F.xxhash64("event_id", "device_id", "seq")), F.sum("air_temperature_c"))
+        .first()
+    )
+    assert row is not None
+    return int(row[0]), int(row[1]), round(float(row[2]), 6)
+
+
+def test_one_cycle_compacts_a_fragmented_table_and_keeps_every_row(spark: SparkSession, settings: Settings) -> None:
+    tables = LakeTables(spark, settings)
+    tables.ensure()
+    closed_days = [date.today() - timedelta(days=3), date.today() - timedelta(days=4)]
+    for day in closed_days:
+        for append in range(APPENDS):
+            _readings(spark, append, day).repartition(FILES_PER_APPEND).write.format("delta").mode("append").save(
+                tables.readings_uri
+            )
+    before = _fingerprint(spark, tables.readings_uri)
+    files_read_before = _files_read(spark, tables.readings_uri, "dev-7", closed_days[0])
+
+    metrics = MaintenanceMetrics(registry=CollectorRegistry())
+    maintainer = Maintainer(spark, settings, metrics)
+    measured = maintainer.measure(settings.tables.readings)
+    assert measured is not None
+    files_before = measured[0].files
+    assert files_before == len(closed_days) * APPENDS * FILES_PER_APPEND
+
+    report = maintainer.cycle(vacuum=False)
+
+    optimized = [r for r in report.optimized if r.table == "readings"]
+    assert {r.partition for r in optimized} == {f"event_date={d.isoformat()}" for d in closed_days}
+    assert all(r.outcome == "ok" and "closed partition" in r.reason for r in optimized), optimized
+    measured = maintainer.measure(settings.tables.readings)
+    assert measured is not None
+    files_after = measured[0].files
+    assert files_after * 10 <= files_before, (files_before, files_after)
+    assert _fingerprint(spark, tables.readings_uri) == before, "compaction changed the rows"
+    files_read_after = _files_read(spark, tables.readings_uri, "dev-7", closed_days[0])
+    assert files_read_after * 10 <= files_read_before, (files_read_before, files_read_after)
+
+    r = metrics.registry
+    compacted = r.get_sample_value(
+        "iot_maintenance_files_compacted_total", {"table": "readings", "operation": "optimize"}
+    )
+    assert compacted == files_before - files_after + sum(x.files_added for x in optimized)
+    assert r.get_sample_value("iot_table_files", {"table": "readings"}) == files_after
+    assert r.get_sample_value("iot_table_small_files", {"table": "readings"}) == files_after  # all still < 32 MiB
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{tables.readings_uri}`").where("operation = 'OPTIMIZE'")
+    assert history.count() == len(closed_days)
+
+
+def test_vacuum_below_retention_is_refused_and_with_retention_runs(spark: SparkSession, settings: Settings) -> None:
+    LakeTables(spark, settings).ensure()
+    metrics = MaintenanceMetrics(registry=CollectorRegistry())
+    maintainer = Maintainer(spark, settings, metrics)
+    with pytest.raises(ConfigError, match="below the table's deleted-file retention"):
+        maintainer.vacuum(settings.tables.readings, retention_s=3600)
+    result = maintainer.vacuum(settings.tables.readings)
+    assert result.outcome == "ok" and result.retention_s == 7 * 86400
+    assert (
+        metrics.registry.get_sample_value("iot_maintenance_runs_total", {"table": "readings", "operation": "vacuum"})
+        == 1
+    )
+
+
+def test_iotlake_vacuum_below_retention_exits_2_naming_the_fix(test_env: dict[str, str], settings: Settings) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "streaming.cli", "vacuum", "readings", "--retention", "1 hour"],
+        env=test_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, explain(result)
+    assert "below the table's deleted-file retention" in result.stderr and "Traceback" not in result.stderr
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """Samples of a /metrics endpoint: 'name{labels}' -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def _sum(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if re.fullmatch(rf"{name}(\{{.*\}})?", k))
+
+
+def test_stream_keeps_running_through_ten_sidecar_cycles(
+    test_env: dict[str, str], settings: Settings, stack_secrets: dict[str, str], tmp_path: Path
+) -> None:
+    """The stream and a sidecar compacting aggressively (even the open partition) write the same tables:
+    no batch fails, conflicts are counted not fatal, and the tables still hold exactly what was sent."""
+    ingest_port, maintain_port = free_port(), free_port()
+    env = {
+        **test_env,
+        "IOTLAKE_INGEST__METRICS_PORT": str(ingest_port),
+        "IOTLAKE_INGEST__TRIGGER_INTERVAL": "2 seconds",
+        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "2000",
+        "IOTLAKE_MAINTENANCE__METRICS_PORT": str(maintain_port),
+        "IOTLAKE_MAINTENANCE__INTERVAL": "2 seconds",
+        "IOTLAKE_MAINTENANCE__MIN_SMALL_FILES": "2",
+        "IOTLAKE_MAINTENANCE__OPEN_PARTITION_MIN_SMALL_FILES": "4",
+        "IOTLAKE_MAINTENANCE__RETRY_BACKOFF": "1 second",
+        "IOTLAKE_MAINTENANCE__MAX_BACKOFF": "4 seconds",
+    }
+    logs = {name: (tmp_path / f"{name}.log").open("w") for name in ("ingest", "maintain")}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "streaming.cli", name], env=env, stdout=logs[name], stderr=subprocess.STDOUT
+        )
+        for name in ("ingest", "maintain")
+    }
+
+    def alive() -> None:
+        for name, p in procs.items():
+            assert p.poll() is None, f"{name} exited {p.returncode}:\n" + (tmp_path / f"{name}.log").read_text()[-6000:]
+
+    try:
+        summaries = []
+        for seed in range(1, 6):  # five rounds of traffic while both run
+            summaries.append(simulate(settings, tmp_path, "--duplicate-rate", "0.05", count=3_000, seed=seed))
+            alive()
+        sent = sum(s["sent_total"] for s in summaries)
+
+        def reached(port: int, name: str, target: float) -> bool:
+            alive()
+            return _sum(_scrape(port), name) >= target
+
+        wait_for(lambda: reached(maintain_port, "iot_maintenance_cycles_total", 10), 600, 1.0, "ten sidecar cycles")
+        wait_for(lambda: reached(ingest_port, "iot_ingest_input_rows_total", sent), 600, 1.0, f"all {sent} messages")
+        alive()
+        ingest, maintain = _scrape(ingest_port), _scrape(maintain_port)
+    finally:
+        for p in procs.values():
+            p.terminate()
+        for p in procs.values():
+            p.wait(timeout=120)
+        for f in logs.values():
+            f.close()
+    assert procs["ingest"].returncode == 0, (tmp_path / "ingest.log").read_text()[-6000:]
+    assert ingest["iot_ingest_query_up"] == 1 and ingest["iot_ingest_batches_total"] > 5
+    assert _sum(maintain, "iot_maintenance_files_compacted_total") > 0, "the sidecar never compacted"
+    assert _sum(maintain, "iot_maintenance_failures_total") == 0, (tmp_path / "maintain.log").read_text()[-6000:]
+    readings = read_table(settings, "readings", stack_secrets)
+    assert len({r["event_id"] for r in readings}) == len(readings) == sum(s["valid_distinct"] for s in summaries)
+    # Every metric the sidecar names is exported, with a plausible value.
+    for name in ("iot_table_files", "iot_table_bytes", "iot_table_rows", "iot_table_version"):
+        assert maintain[f'{name}{{table="readings"}}'] > 0, name
+    assert 0 <= maintain['iot_table_small_file_ratio{table="readings"}'] <= 1
+    assert 0 <= maintain['iot_table_last_commit_age_seconds{table="readings"}'] < 600
+    assert maintain['iot_table_rows_inserted_total{table="readings"}'] > 0

@@ -1,0 +1,382 @@
+"""Table health arithmetic, the sidecar's decisions and its metrics, from a synthetic Delta log."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from streaming.config import MaintenanceConfig, Settings, load_settings
+from streaming.errors import ConfigError
+from streaming.health import (
+    UNPARTITIONED,
+    Commit,
+    DataFile,
+    PartitionHealth,
+    StoredObject,
+    check_vacuum_retention,
+    churn,
+    is_closed,
+    partition_health,
+    plan_compaction,
+    reclaimable,
+    table_health,
+    vacuum_due,
+)
+from streaming.lakelog import list_objects, read_table
+from streaming.maintenance import Backoff, manual_tasks, partition_predicate
+from streaming.metrics import MaintenanceMetrics
+from streaming.tables import is_conflict
+
+pytestmark = pytest.mark.unit
+
+MiB = 2**20
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+NOW_MS = int(NOW.timestamp() * 1000)
+CFG = MaintenanceConfig(min_small_files=10, min_small_file_ratio=0.5, open_partition_min_small_files=50)
+
+
+def _file(partition: str, size: int, rows: int = 10, path: str | None = None) -> DataFile:
+    return DataFile(path or f"{partition}/f-{size}-{rows}.parquet", partition, size, rows, NOW_MS)
+
+
+# --- arithmetic ---
+
+
+def test_partition_health_counts_small_files_bytes_and_rows_per_partition() -> None:
+    files = [_file("d=2026-11-28", 1 * MiB, path=f"a{i}") for i in range(3)] + [
+        _file("d=2026-11-28", 64 * MiB, rows=1000, path="big"),
+        _file("d=2026-11-29", 2 * MiB, path="b"),
+    ]
+    parts = partition_health(files, small_file_bytes=32 * MiB)
+    assert parts == (
+        PartitionHealth("d=2026-11-28", files=4, small_files=3, bytes=67 * MiB, rows=1030),
+        PartitionHealth("d=2026-11-29", files=1, small_files=1, bytes=2 * MiB, rows=10),
+    )
+    assert parts[0].small_file_ratio == 0.75
+
+
+def test_churn_reads_each_operations_own_metric_names() -> None:
+    commits = [
+        Commit(1, 0, "WRITE", {"numFiles": 4, "numOutputBytes": 400, "numOutputRows": 40}),
+        Commit(
+            2,
+            0,
+            "MERGE",
+            {
+                "numTargetFilesAdded": 2,
+                "numTargetFilesRemoved": 1,
+                "numTargetBytesAdded": 200,
+                "numTargetBytesRemoved": 100,
+                "numTargetRowsInserted": 7,
+                "numTargetRowsUpdated": 3,
+                "numTargetRowsDeleted": 0,
+                "numOutputRows": 10,
+            },
+        ),
+        Commit(
+            3, 0, "OPTIMIZE", {"numAddedFiles": 1, "numRemovedFiles": 6, "numAddedBytes": 500, "numRemovedBytes": 600}
+        ),
+        Commit(4, 0, "DELETE", {"numAddedFiles": 1, "numRemovedFiles": 1, "numDeletedRows": 5}),
+    ]
+    c = churn(commits)
+    assert (c.commits, c.files_added, c.files_removed) == (4, 4 + 2 + 1 + 1, 1 + 6 + 1)
+    assert (c.bytes_added, c.bytes_removed) == (400 + 200 + 500, 100 + 600)
+    # OPTIMIZE's rows are a rewrite, and MERGE's numOutputRows is not an insert count.
+    assert (c.rows_inserted, c.rows_updated, c.rows_deleted) == (40 + 7, 3, 5)
+
+
+def test_reclaimable_counts_unreferenced_data_files_older_than_retention_only() -> None:
+    hour = 3600 * 1000
+    objects = [
+        StoredObject("p/live.parquet", 100, NOW_MS - 50 * hour),  # referenced
+        StoredObject("p/old.parquet", 200, NOW_MS - 50 * hour),  # unreferenced, old: reclaimable
+        StoredObject("p/new.parquet", 400, NOW_MS - 1 * hour),  # unreferenced, too young
+        StoredObject("_delta_log/00000000000000000000.json", 800, NOW_MS - 90 * hour),  # the log: never
+    ]
+    assert reclaimable(objects, ["p/live.parquet"], retention_s=48 * 3600, now_ms=NOW_MS) == (1, 200)
+
+
+def test_table_health_summary_and_skew() -> None:
+    files = [_file("d=2026-11-28", 10 * MiB, path="x1"), _file("d=2026-11-29", 10 * MiB, path="x2")] + [
+        _file("d=2026-11-30", 10 * MiB, path=f"y{i}") for i in range(4)
+    ]
+    commits = [
+        Commit(5, NOW_MS - 10_000, "MERGE"),
+        Commit(4, NOW_MS - 3_600_000, "OPTIMIZE"),
+        Commit(3, NOW_MS - 7_200_000, "VACUUM END"),
+    ]
+    objects = [StoredObject("_delta_log/00000000000000000004.checkpoint.parquet", 1, NOW_MS - 60_000)]
+    h = table_health(
+        "readings", 5, files, commits, objects, small_file_bytes=32 * MiB, retention_s=1, interval_s=300, now_ms=NOW_MS
+    )
+    assert (h.files, h.small_files, h.bytes, h.rows) == (6, 6, 60 * MiB, 60)
+    assert h.avg_file_bytes == 10 * MiB
+    assert h.partition_skew == 40 / 10  # largest 40 MiB, median 10 MiB
+    assert (h.last_commit_ms, h.last_optimize_ms, h.last_vacuum_ms) == (
+        NOW_MS - 10_000,
+        NOW_MS - 3_600_000,
+        NOW_MS - 7_200_000,
+    )
+    assert h.checkpoint_ms == NOW_MS - 60_000
+    assert h.commits_last_interval == 1
+
+
+# --- decisions ---
+
+
+@pytest.mark.parametrize(
+    ("partition", "now", "closed"),
+    [
+        ("event_date=2026-11-29", datetime(2026, 11, 30, 0, 30, tzinfo=UTC), False),  # ended 30 min ago < 1 h
+        ("event_date=2026-11-29", datetime(2026, 11, 30, 1, 30, tzinfo=UTC), True),
+        ("event_date=2026-11-30", NOW, False),  # today
+        (UNPARTITIONED, NOW, False),  # unpartitioned: the stream writes it
+        ("region=north", NOW, False),  # not a date
+    ],
+)
+def test_a_partition_closes_an_hour_after_its_day(partition: str, now: datetime, closed: bool) -> None:
+    assert is_closed(partition, now, close_after_s=3600) is closed
+
+
+def test_plan_compacts_closed_partitions_over_the_bar_first_and_the_open_one_only_over_the_high_bar() -> None:
+    partitions = [
+        PartitionHealth("d=2026-11-27", files=12, small_files=10, bytes=1, rows=1),  # closed, at the bar
+        PartitionHealth("d=2026-11-28", files=30, small_files=25, bytes=1, rows=1),  # closed, worst
+        PartitionHealth("d=2026-11-26", files=9, small_files=9, bytes=1, rows=1),  # closed, under the count bar
+        PartitionHealth("d=2026-11-25", files=100, small_files=20, bytes=1, rows=1),  # closed, ratio 0.2 < 0.5
+        PartitionHealth("d=2026-11-30", files=40, small_files=40, bytes=1, rows=1),  # open, under 50
+    ]
+    tasks = plan_compaction(partitions, NOW, CFG)
+    assert [t.partition for t in tasks] == ["d=2026-11-28", "d=2026-11-27"]
+    assert all(t.closed for t in tasks)
+    assert "25 small files" in tasks[0].reason
+
+    busy_open = [*partitions, PartitionHealth("d=2026-11-30", files=60, small_files=55, bytes=1, rows=1)]
+    tasks = plan_compaction(busy_open, NOW, CFG)
+    assert [t.partition for t in tasks][-1] == "d=2026-11-30"  # the open one last
+    assert not tasks[-1].closed and "open partition" in tasks[-1].reason
+
+
+def test_manual_optimize_takes_every_partition_with_two_small_files_or_the_one_asked_for() -> None:
+    h = table_health(
+        "readings",
+        1,
+        [_file("d=2026-11-29", 1, path="a"), _file("d=2026-11-29", 1, path="b"), _file("d=2026-11-30", 1, path="c")],
+        [],
+        [],
+        small_file_bytes=32 * MiB,
+        retention_s=1,
+        interval_s=1,
+        now_ms=NOW_MS,
+    )
+    assert [t.partition for t in manual_tasks(h, None)] == ["d=2026-11-29"]
+    assert manual_tasks(h, datetime(2026, 11, 30).date()) == []  # one file: nothing to compact
+
+
+def test_vacuum_is_due_after_the_interval_or_when_never_run() -> None:
+    assert vacuum_due(None, NOW_MS, 86400)
+    assert not vacuum_due(NOW_MS - 3600_000, NOW_MS, 86400)
+    assert vacuum_due(NOW_MS - 86400_000, NOW_MS, 86400)
+
+
+def test_vacuum_below_the_tables_retention_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"below the table's deleted-file retention \(7 days\)"):
+        check_vacuum_retention("readings", 3600, 7 * 86400, stream_lag_s=None)
+    check_vacuum_retention("readings", 3600, 7 * 86400, stream_lag_s=None, safety_check=False)  # check off: allowed
+
+
+def test_vacuum_at_or_below_the_streams_checkpoint_lag_is_refused() -> None:
+    with pytest.raises(ConfigError, match="checkpoint lag"):
+        check_vacuum_retention("readings", 7 * 86400, 7 * 86400, stream_lag_s=8 * 86400)
+    check_vacuum_retention("readings", 7 * 86400, 7 * 86400, stream_lag_s=60)  # caught-up stream: fine
+
+
+def test_backoff_doubles_up_to_the_cap_and_resets_on_success() -> None:
+    clock = [1000.0]
+    b = Backoff(30, 100, clock=lambda: clock[0])
+    assert [b.conflict("t"), b.conflict("t"), b.conflict("t"), b.conflict("t")] == [30, 60, 100, 100]
+    assert b.waiting("t") == 100
+    clock[0] += 40
+    assert b.waiting("t") == 60 and b.waiting("other") == 0
+    b.success("t")
+    assert b.waiting("t") == 0 and b.conflict("t") == 30
+
+
+def test_partition_predicate_is_built_from_a_parsed_date() -> None:
+    assert partition_predicate("event_date=2026-11-29") == "`event_date` = DATE'2026-11-29'"
+    with pytest.raises(ConfigError):
+        partition_predicate("event_date=2026-11-29' OR 1=1 --")
+
+
+def test_conflicts_are_told_apart_from_failures() -> None:
+    assert is_conflict(RuntimeError("io.delta.exceptions.ConcurrentAppendException: Files were added"))
+    assert not is_conflict(RuntimeError("java.io.FileNotFoundException: s3a://x"))
+
+
+# --- a synthetic Delta log read back through delta-rs, then exported ---
+
+
+def _write_log(root: Path) -> None:
+    log = root / "_delta_log"
+    log.mkdir(parents=True)
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"name": "device_id", "type": "string", "nullable": True, "metadata": {}},
+            {"name": "event_date", "type": "date", "nullable": True, "metadata": {}},
+        ],
+    }
+    meta = {
+        "id": "00000000-0000-0000-0000-000000000001",
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": json.dumps(schema),
+        "partitionColumns": ["event_date"],
+        "configuration": {"delta.deletedFileRetentionDuration": "interval 7 days"},
+        "createdTime": NOW_MS - 7_200_000,
+    }
+
+    def add(path: str, day: str, size: int, rows: int) -> dict:
+        stats = json.dumps({"numRecords": rows, "minValues": {}, "maxValues": {}, "nullCount": {}})
+        part = {"event_date": day}
+        return {
+            "add": {
+                "path": path,
+                "partitionValues": part,
+                "size": size,
+                "modificationTime": NOW_MS - 3_600_000,
+                "dataChange": True,
+                "stats": stats,
+            }
+        }
+
+    def info(ts: int, op: str, metrics: dict) -> dict:
+        return {"commitInfo": {"timestamp": ts, "operation": op, "operationMetrics": metrics}}
+
+    v0 = [
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"metaData": meta},
+        add("event_date=2026-11-28/a.parquet", "2026-11-28", 1000, 10),
+        add("event_date=2026-11-28/b.parquet", "2026-11-28", 1000, 10),
+        info(NOW_MS - 7_200_000, "WRITE", {"numFiles": "2", "numOutputBytes": "2000", "numOutputRows": "20"}),
+    ]
+    v1 = [
+        add("event_date=2026-11-29/c.parquet", "2026-11-29", 40 * MiB, 500),
+        info(
+            NOW_MS - 60_000,
+            "MERGE",
+            {"numTargetFilesAdded": "1", "numTargetBytesAdded": str(40 * MiB), "numTargetRowsInserted": "500"},
+        ),
+    ]
+    for version, actions in enumerate((v0, v1)):
+        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+
+
+def test_health_and_metrics_from_a_synthetic_delta_log(tmp_path: Path) -> None:
+    root = tmp_path / "readings"
+    _write_log(root)
+    for name, size in (("event_date=2026-11-28/a.parquet", 1000), ("event_date=2026-11-28/orphan.parquet", 777)):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x" * size)
+    orphan = root / "event_date=2026-11-28/orphan.parquet"
+    old = (NOW_MS - 30 * 86400_000) / 1000
+    os.utime(orphan, (old, old))
+
+    settings = replace(load_settings(env={}), storage=replace(Settings().storage, base_uri=f"file:{tmp_path}"))
+    log = read_table(settings, settings.storage.table_uri("readings"), history=100)
+    assert log is not None and log.version == 1 and log.partition_columns == ("event_date",)
+    objects = list(list_objects(settings, settings.storage.table_uri("readings")))
+    health = table_health(
+        "readings",
+        log.version,
+        log.files,
+        log.commits,
+        objects,
+        small_file_bytes=32 * MiB,
+        retention_s=7 * 86400,
+        interval_s=300,
+        now_ms=NOW_MS,
+    )
+    assert (health.files, health.small_files, health.rows, len(health.partitions)) == (3, 2, 520, 2)
+    assert (health.reclaimable_files, health.reclaimable_bytes) == (1, 777)
+
+    metrics = MaintenanceMetrics(registry=CollectorRegistry(), clock=lambda: NOW.timestamp())
+    metrics.record_health(health, churn(log.commits))
+    r = metrics.registry
+
+    def value(name: str, **labels: str) -> float | None:
+        return r.get_sample_value(name, {"table": "readings", **labels})
+
+    assert value("iot_table_files") == 3
+    assert value("iot_table_small_file_ratio") == pytest.approx(2 / 3)
+    assert value("iot_table_bytes") == 2000 + 40 * MiB
+    assert value("iot_table_rows") == 520
+    assert value("iot_table_partitions") == 2
+    assert value("iot_table_version") == 1
+    assert value("iot_table_last_commit_age_seconds") == pytest.approx(60)
+    assert math.isnan(value("iot_table_last_vacuum_age_seconds") or 0.0)
+    assert value("iot_table_vacuum_reclaimable_bytes") == 777
+    assert value("iot_table_rows_inserted_total") == 520
+    assert value("iot_table_bytes_added_total") == 2000 + 40 * MiB
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"small_file_mb": 500}, "small_file_mb"),
+        ({"min_small_files": 1}, "min_small_files must be >= 2"),
+        ({"open_partition_min_small_files": 3}, "open_partition_min_small_files >= min_small_files"),
+        ({"min_small_file_ratio": 0}, "min_small_file_ratio"),
+        ({"interval": "soon"}, "maintenance.interval"),
+    ],
+)
+def test_maintenance_config_is_validated_with_the_fix(override: dict, message: str) -> None:
+    env = {f"IOTLAKE_MAINTENANCE__{k.upper()}": str(v) for k, v in override.items()}
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env=env)
+
+
+def test_cluster_by_cannot_be_combined_with_partitioning(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("tables:\n  readings: {partition_by: [event_date], cluster_by: [device_id]}\n")
+    with pytest.raises(ConfigError, match="cluster_by"):
+        load_settings(config, env={})
+    config.write_text("tables:\n  readings: {partition_by: [], zorder_by: [], cluster_by: [device_id]}\n")
+    assert load_settings(config, env={}).tables.readings.cluster_by == ("device_id",)
+
+
+def test_a_table_write_that_loses_a_conflict_is_retried_with_backoff_and_counted() -> None:
+    from streaming.tables import retry_on_conflict
+
+    outcomes: list[BaseException | str] = [RuntimeError("ConcurrentAppendException: files added")] * 2 + ["ok"]
+    conflicts: list[str] = []
+    waits: list[float] = []
+
+    def write() -> str:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    assert retry_on_conflict(write, "readings", conflicts.append, sleep=waits.append) == "ok"
+    assert conflicts == ["readings", "readings"] and waits == [0.5, 1.0]
+
+    def broken() -> str:
+        raise RuntimeError("java.io.IOException: disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):  # not a conflict: no retry
+        retry_on_conflict(broken, "readings", conflicts.append, sleep=waits.append)
+    assert len(conflicts) == 2
+
+    def always() -> str:
+        raise RuntimeError("ConcurrentDeleteReadException")
+
+    with pytest.raises(RuntimeError, match="ConcurrentDeleteReadException"):
+        retry_on_conflict(always, "readings", conflicts.append, attempts=3, sleep=waits.append)
+    assert len(conflicts) == 4  # two more retries, then the third loss is raised
