@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DURATION ?= 120
 PYTEST_ARGS ?=
 
-.PHONY: install up down status run test unit integration bench lint
+.PHONY: install up down status run test unit integration bench lint secrets
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ integration: install
 
 bench: install               ## benchmark against the real stack; writes bench/results/<date>.json and .md
 	$(PY) -m bench
+
+secrets: $(VENV)/.installed  ## .env for Docker Compose: random credentials, mode 0600; FORCE=1 replaces an existing one
+	$(PY) -m stack secrets --env .env $(if $(FORCE),--force)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from producers.stream import Message
 BACKENDS = ("confluent", "kafka-python")
 OnAck = Callable[[Message], None]
 OnFail = Callable[[Message, str], None]
+OnLatency = Callable[[float], None]  # seconds from send to a successful delivery report
 
 # librdkafka logs through this logger; errors reach the user through error_cb instead.
 _client_log = logging.getLogger("producers.kafka-client")
@@ -34,7 +36,10 @@ class KafkaTarget:
 
 
 class Backend(Protocol):
-    """Sends messages; every send ends in exactly one on_ack or on_fail, served by poll() or flush()."""
+    """Sends messages; every send ends in exactly one on_ack or on_fail, served by poll() or flush().
+
+    A backend given `on_latency` also reports each successful delivery's latency (seconds) through it.
+    """
 
     name: str
     last_error: str | None
@@ -80,7 +85,9 @@ class ConfluentBackend:
     name = "confluent"
     send: Callable[[Message], None]
 
-    def __init__(self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> None:
+    def __init__(
+        self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail, on_latency: OnLatency | None = None
+    ) -> None:
         try:
             import confluent_kafka
         except ImportError as exc:
@@ -111,7 +118,9 @@ class ConfluentBackend:
         except confluent_kafka.KafkaException as exc:
             raise UsageError(f"invalid producer configuration for confluent-kafka: {exc}") from None
         self._poll = self._producer.poll
-        self.send = self._make_send(on_ack, on_fail)
+        self.send = (
+            self._make_send(on_ack, on_fail) if on_latency is None else self._timed_send(on_ack, on_fail, on_latency)
+        )
 
     def _make_send(self, on_ack: OnAck, on_fail: OnFail) -> Callable[[Message], None]:
         """send(msg): produce() with its own delivery callback; on a full queue, serve reports and retry."""
@@ -127,6 +136,28 @@ class ConfluentBackend:
             while True:
                 try:
                     produce(topic, msg[1], msg[0], on_delivery=partial(delivered, msg))
+                    return
+                except BufferError:
+                    poll(0.1)
+
+        return send
+
+    def _timed_send(self, on_ack: OnAck, on_fail: OnFail, on_latency: OnLatency) -> Callable[[Message], None]:
+        """send(msg) that also reports produce()-to-acknowledgement latency (librdkafka's own measure)."""
+        produce, poll, topic, clock = self._producer.produce, self._poll, self._target.topic, time.perf_counter
+
+        def delivered(msg: Message, started: float, err: Any, record: Any) -> None:
+            if err is None:
+                latency = record.latency() if record is not None else None
+                on_latency(latency if latency is not None else clock() - started)
+                on_ack(msg)
+            else:
+                on_fail(msg, err.name())
+
+        def send(msg: Message) -> None:
+            while True:
+                try:
+                    produce(topic, msg[1], msg[0], on_delivery=partial(delivered, msg, clock()))
                     return
                 except BufferError:
                     poll(0.1)
@@ -165,7 +196,9 @@ class KafkaPythonBackend:
 
     name = "kafka-python"
 
-    def __init__(self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> None:
+    def __init__(
+        self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail, on_latency: OnLatency | None = None
+    ) -> None:
         try:
             import kafka
             import kafka.errors
@@ -178,6 +211,7 @@ class KafkaPythonBackend:
         self._target = target
         self._on_ack = on_ack
         self._on_fail = on_fail
+        self._on_latency = on_latency
         self._reports: deque[tuple[Message, Any]] = deque()
         self._outstanding = 0
         self._producer: Any = None
@@ -226,15 +260,25 @@ class KafkaPythonBackend:
         # On the client's I/O thread: deque.append is thread-safe, accounting stays on the main thread.
         self._reports.append((msg, result))
 
+    def _done_timed(self, msg: Message, started: float, result: Any) -> None:
+        # The future's callback, on the I/O thread: Histogram.observe is thread-safe.
+        if not isinstance(result, BaseException) and self._on_latency is not None:
+            self._on_latency(time.perf_counter() - started)
+        self._reports.append((msg, result))
+
     def send(self, msg: Message) -> None:
         """send() plus a callback that queues the outcome for poll()."""
         self._outstanding += 1
+        started = time.perf_counter()
         try:
             future = self._producer.send(self._target.topic, value=msg[1], key=msg[0])
         except self._kafka.errors.KafkaError as exc:
             self._reports.append((msg, exc))
             return
-        future.add_both(self._done, msg)
+        if self._on_latency is None:
+            future.add_both(self._done, msg)
+        else:
+            future.add_both(self._done_timed, msg, started)
 
     def poll(self) -> None:
         """Account the outcomes the I/O thread has queued."""
@@ -266,8 +310,10 @@ class DryRunBackend:
     name = "dry-run"
     send: Callable[[Message], None]
 
-    def __init__(self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> None:
-        self.send = on_ack
+    def __init__(
+        self, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail, on_latency: OnLatency | None = None
+    ) -> None:
+        self.send = on_ack  # no delivery, so no latency to report
         self.last_error: str | None = None
 
     def connect(self, timeout_s: float) -> None:
@@ -297,16 +343,18 @@ def _typed(value: str) -> Any:
     return value
 
 
-def create_backend(name: str, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail) -> Backend:
+def create_backend(
+    name: str, target: KafkaTarget, on_ack: OnAck, on_fail: OnFail, on_latency: OnLatency | None = None
+) -> Backend:
     """The backend called `name` (confluent, kafka-python or dry-run)."""
-    classes: dict[str, Callable[[KafkaTarget, OnAck, OnFail], Backend]] = {
+    classes: dict[str, Callable[[KafkaTarget, OnAck, OnFail, OnLatency | None], Backend]] = {
         "confluent": ConfluentBackend,
         "kafka-python": KafkaPythonBackend,
         "dry-run": DryRunBackend,
     }
     if name not in classes:
         raise UsageError(f"--backend {name!r} is unknown; choose {' or '.join(BACKENDS)}")
-    return classes[name](target, on_ack, on_fail)
+    return classes[name](target, on_ack, on_fail, on_latency)
 
 
 __all__ = [

@@ -17,13 +17,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from producers.accounting import Accounting
-from producers.backends import BACKENDS, Backend, KafkaTarget, create_backend
+from producers.accounting import UNCONFIRMED, Accounting
+from producers.backends import BACKENDS, Backend, KafkaTarget, OnAck, OnFail, create_backend
 from producers.errors import SimulatorError, UsageError
-from producers.faults import MALFORMED_KINDS
+from producers.faults import DUPLICATE, LATE, MALFORMED_KINDS, OUT_OF_ORDER, VALID
 from producers.options import SimOptions, check_start_time, iso_utc, parse_kinds, parse_start_time
 from producers.pacing import TokenBucket
-from producers.stream import EventStream, wall_clock_ms
+from producers.stream import EventStream, Message, wall_clock_ms
+from streaming.metrics import SimulatorMetrics
 
 ENV_PREFIX = "SENSOR_SIM_"
 DEFAULT_COUNT = 10_000
@@ -46,6 +47,8 @@ class RunConfig:
     summary_json: Path | None = None
     connect_timeout_s: float = 10.0
     dry_run: bool = False
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     notes: tuple[str, ...] = field(default=())
 
 
@@ -197,6 +200,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     report = parser.add_argument_group("reporting")
     add(report, "--summary-json", "also write the run summary as JSON to PATH", metavar="PATH")
     number(report, "--progress-interval", "seconds between progress lines on stderr", 1.0)
+    number(report, "--metrics-port", "serve Prometheus /metrics on this port while running; 0 = off", 0, int)
+    add(report, "--metrics-host", "address the /metrics server listens on", "127.0.0.1", metavar="HOST")
     add(
         report,
         "--quiet",
@@ -223,6 +228,8 @@ def parse_config(argv: list[str] | None, env: Mapping[str, str], now_ms: int) ->
     ):
         if value <= 0:
             raise UsageError(f"{flag} must be > 0 seconds, got {value}")
+    if not 0 <= ns.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be 0..65535 (0 = off), got {ns.metrics_port}")
     start_ms = parse_start_time(str(ns.start_time), now_ms)
     check_start_time(start_ms, now_ms)
     notes: list[str] = []
@@ -261,6 +268,8 @@ def parse_config(argv: list[str] | None, env: Mapping[str, str], now_ms: int) ->
         summary_json=summary_json,
         connect_timeout_s=ns.connect_timeout,
         dry_run=ns.dry_run,
+        metrics_port=ns.metrics_port,
+        metrics_host=str(ns.metrics_host),
         notes=tuple(notes),
     )
 
@@ -339,24 +348,41 @@ def run(
     stderr: TextIO | None = None,
     monotonic: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    metrics: SimulatorMetrics | None = None,
 ) -> int:
-    """Generate, send, flush and report one run; the exit code."""
+    """Generate, send, flush and report one run; the exit code.
+
+    Metrics are kept when `metrics` is given or --metrics-port is set, and served on that port while running.
+    """
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     for note in config.notes:
         print(f"sensor-sim: note: {note}", file=err)
     accounting = Accounting(config.options)
-    backend = create_backend(
-        "dry-run" if config.dry_run else config.backend, config.target, accounting.ack, accounting.fail
-    )
+    name = "dry-run" if config.dry_run else config.backend
+    if metrics is None and config.metrics_port:
+        metrics = SimulatorMetrics()
+    stop_metrics = _serve_metrics(metrics, config) if metrics is not None else _no_op
     try:
-        backend.connect(config.connect_timeout_s)
-        began = monotonic()
-        produced, interrupted = _send_all(config, backend, accounting, err, monotonic, sleep)
-        accounting.unconfirmed(backend.flush(config.target.delivery_timeout_s + 5))
-        elapsed = monotonic() - began
+        if metrics is None:
+            backend = create_backend(name, config.target, accounting.ack, accounting.fail)
+        else:
+            on_ack, on_fail = counted(accounting, metrics)
+            observe = metrics.delivery_latency.observe
+            backend = create_backend(name, config.target, on_ack, on_fail, on_latency=observe)
+        try:
+            backend.connect(config.connect_timeout_s)
+            began = monotonic()
+            produced, interrupted = _send_all(config, backend, accounting, err, monotonic, sleep)
+            unreported = backend.flush(config.target.delivery_timeout_s + 5)
+            accounting.unconfirmed(unreported)
+            if metrics is not None and unreported > 0:
+                metrics.failed.labels(UNCONFIRMED).inc(unreported)
+            elapsed = monotonic() - began
+        finally:
+            backend.close()
     finally:
-        backend.close()
+        stop_metrics()
     summary = accounting.summary(
         elapsed_s=elapsed,
         backend=backend.name,
@@ -381,6 +407,39 @@ def run(
         )
         return EXIT_DELIVERY_FAILED
     return EXIT_OK
+
+
+def counted(accounting: Accounting, metrics: SimulatorMetrics) -> tuple[OnAck, OnFail]:
+    """Accounting's ack and fail, also counting each message by kind in the metrics."""
+    kinds = (VALID, DUPLICATE, OUT_OF_ORDER, LATE, *MALFORMED_KINDS)
+    sent = {kind: metrics.sent.labels(kind) for kind in kinds}  # every kind exported, from 0
+    failed = {kind: metrics.failed.labels(kind) for kind in kinds}
+    ack, fail = accounting.ack, accounting.fail
+
+    def on_ack(m: Message) -> None:
+        ack(m)
+        sent[m[2]].inc()
+
+    def on_fail(m: Message, reason: str) -> None:
+        fail(m, reason)
+        failed[m[2]].inc()
+
+    return on_ack, on_fail
+
+
+def _serve_metrics(metrics: SimulatorMetrics, config: RunConfig) -> Callable[[], None]:
+    """Start /metrics; a port that can't be bound is a usage error naming the flag."""
+    try:
+        return metrics.serve(config.metrics_host, config.metrics_port)
+    except OSError as exc:
+        raise UsageError(
+            f"--metrics-port {config.metrics_port}: cannot listen on {config.metrics_host}:{config.metrics_port} "
+            f"({exc.strerror or exc}); choose a free port, or 0 to turn metrics off"
+        ) from None
+
+
+def _no_op() -> None:
+    """Nothing to stop."""
 
 
 def _send_all(

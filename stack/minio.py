@@ -138,10 +138,14 @@ def stop(layout: StackLayout, timeout: float = STOP_TIMEOUT_S) -> int | None:
     return proc.stop(service(layout), timeout)
 
 
-def bootstrap(settings: Settings, secrets: dict[str, str]) -> None:
-    """As root: create the bucket (private), the writer and reader policies and users. Idempotent."""
-    api = address(settings)
-    endpoint = f"{bind_host(api)}:{api.port}"
+def bootstrap(settings: Settings, secrets: dict[str, str], endpoint: str | None = None) -> None:
+    """As root: create the bucket (private), the writer and reader policies and users. Idempotent.
+
+    endpoint: host:port of the S3 API; default the native stack's loopback address from storage.endpoint
+    (the compose minio-init job passes the service's address instead)."""
+    if endpoint is None:
+        api = address(settings)
+        endpoint = f"{bind_host(api)}:{api.port}"
     bucket = settings.storage.bucket
     root, password = secrets[sec.ROOT_USER], secrets[sec.ROOT_PASSWORD]
     client = Minio(endpoint, access_key=root, secret_key=password, secure=False, region=settings.storage.region)

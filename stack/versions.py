@@ -18,6 +18,15 @@ MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 PROMETHEUS_PACKAGE = "prometheus"
 PROMETHEUS_DEB_VERSION = "2.42.0+ds-5+deb12u1"
 
+# The Docker Compose CLI that checks docker-compose.yml without a Docker engine (`docker-compose config`).
+# Built from source: its go.mod has replace directives, so `go install module@version` refuses it.
+COMPOSE_MODULE = "github.com/docker/compose/v5"
+COMPOSE_VERSION = "v5.6.0"
+
+# The Dockerfile linter (npm; the validator behind the VS Code Docker extension): `dockerfile-utils lint`.
+DOCKERFILE_LINT_PACKAGE = "dockerfile-utils"
+DOCKERFILE_LINT_VERSION = "0.16.3"
+
 JAVA_MIN_MAJOR = 17
 # Pinned so `mvn` doesn't pick whatever plugin version is newest on the day (needs Maven >= 3.6.3).
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
@@ -29,6 +38,8 @@ VERSIONS: dict[str, str] = {
     "log4j2-slf4j-binding": LOG4J2_SLF4J_BINDING,
     "minio": MINIO_VERSION,
     "prometheus": PROMETHEUS_DEB_VERSION,
+    "compose": COMPOSE_VERSION,
+    "dockerfile-lint": DOCKERFILE_LINT_VERSION,
     "java-min": str(JAVA_MIN_MAJOR),
 }
 

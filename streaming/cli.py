@@ -13,6 +13,7 @@ from typing import Any
 
 from streaming.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from streaming.errors import IotLakeError
+from streaming.ops import OPS_COMMANDS, add_ops_parsers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="print the effective config, secrets masked")
     config.add_argument("--json", action="store_true", help="JSON instead of YAML-ish text")
+    add_ops_parsers(sub)
     return parser
 
 
@@ -210,6 +212,7 @@ _COMMANDS = {
     "optimize": _optimize,
     "vacuum": _vacuum,
     "config": _config,
+    **OPS_COMMANDS,
 }
 
 if __name__ == "__main__":

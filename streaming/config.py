@@ -38,6 +38,9 @@ STRUCTURAL_RULES = frozenset(
 )
 VALUE_RULES = frozenset({"out_of_range", "event_time_in_future", "event_time_too_old"})
 ALL_RULES = STRUCTURAL_RULES | VALUE_RULES
+# put_if_absent: commits with a conditional PUT, safe with two writer processes (streaming/logstore.py).
+# single_driver: Delta's S3SingleDriverLogStore, safe with one writer process only.
+LOG_STORES = ("put_if_absent", "single_driver")
 
 _DURATION = re.compile(r"^\s*(?:interval\s+)?(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {
@@ -84,6 +87,7 @@ class StorageConfig:
     secrets_file: str = "var/secrets.env"
     access_key: str | None = None
     secret_key: str | None = None
+    log_store: str = "put_if_absent"
 
     @property
     def bucket(self) -> str:
@@ -483,6 +487,11 @@ def _validate(s: Settings) -> None:
     if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:/", s.storage.base_uri):
         raise ConfigError(
             f"storage.base_uri {s.storage.base_uri!r} needs a scheme, e.g. s3a://BUCKET/prefix or file:/path."
+        )
+    if s.storage.log_store not in LOG_STORES:
+        raise ConfigError(
+            f"storage.log_store must be one of {list(LOG_STORES)}, got {s.storage.log_store!r}. put_if_absent "
+            "is safe with two writer processes; single_driver only with one."
         )
     parse_duration(s.ingest.trigger_interval, "ingest.trigger_interval")
     for key in ("log_retention", "deleted_file_retention"):

@@ -39,3 +39,31 @@ class ValidationFailure(IotLakeError):
 
 class StackError(IotLakeError):
     """The native local stack (install, start, stop) failed."""
+
+
+class TableOpsError(IotLakeError):
+    """A table operation (history, show, restore, changes, delete-device) can't run as asked."""
+
+
+class UnknownTableError(TableOpsError):
+    """The table name is not one of the lake's tables."""
+
+
+class TableNotCreatedError(TableOpsError):
+    """The table has no Delta log yet: the stream has not created it."""
+
+
+class VersionNotFoundError(TableOpsError):
+    """The asked version or time is outside the table's history."""
+
+
+class InvalidTimestampError(TableOpsError):
+    """A --timestamp that is not a time."""
+
+
+class ConfirmationRequiredError(TableOpsError):
+    """A destructive operation without --yes, and no terminal to ask on."""
+
+
+class ConcurrentWriteError(TableOpsError):
+    """Another writer (the stream, the sidecar) committed a conflicting change first."""

@@ -28,6 +28,7 @@ from pyspark.storagelevel import StorageLevel
 from streaming import batch
 from streaming.config import Settings, parse_duration, resolve_path
 from streaming.errors import CheckpointError, IotLakeError, ValidationFailure
+from streaming.logstore import check_writers_safe
 from streaming.metrics import IngestMetrics
 from streaming.preflight import check_kafka, check_storage
 from streaming.rules import Rules
@@ -313,6 +314,7 @@ def start_query(spark: SparkSession, settings: Settings, writer: BatchWriter, av
 
 def run(settings: Settings, available_now: bool = False, metrics: IngestMetrics | None = None) -> list[BatchReport]:
     """Run the streaming job until stopped (SIGINT/SIGTERM) or, with available_now, until caught up."""
+    check_writers_safe(settings, "ingest")
     check_kafka(settings)
     check_storage(settings)
     metrics = metrics or IngestMetrics()

@@ -1,7 +1,7 @@
 """Every metric of the service, in one place (names: iot_<area>_<name>_<unit>, counters end in _total).
 
 Each process has its own registry, so a test reads a fresh one: IngestMetrics (the streaming job),
-MaintenanceMetrics (the sidecar: table health and maintenance actions).
+MaintenanceMetrics (the sidecar: table health and maintenance actions), SimulatorMetrics (sensor-sim).
 """
 
 from __future__ import annotations
@@ -19,10 +19,22 @@ from prometheus_client.registry import Collector
 from streaming.health import Churn, TableHealth
 
 
-def serve(registry: CollectorRegistry, host: str, port: int) -> None:
-    """Expose a registry's /metrics over HTTP (port 0 = don't)."""
-    if port:
-        start_http_server(port, addr=host, registry=registry)
+def serve(registry: CollectorRegistry, host: str, port: int) -> Callable[[], None]:
+    """Expose a registry's /metrics over HTTP (port 0 = don't); returns a function that stops the server."""
+    if not port:
+        return lambda: None
+    server, thread = start_http_server(port, addr=host, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return stop
+
+
+# Produce-to-acknowledgement times: a local broker answers in milliseconds, a loaded one in seconds.
+DELIVERY_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 @dataclass
@@ -108,8 +120,8 @@ class IngestMetrics:
         newest = getattr(self, "_newest_event_s", 0.0)
         return time.time() - newest if newest > 0 else math.nan
 
-    def serve(self, host: str, port: int) -> None:
-        serve(self.registry, host, port)
+    def serve(self, host: str, port: int) -> Callable[[], None]:
+        return serve(self.registry, host, port)
 
     def record_progress(self, progress_json: str) -> None:
         """Rates, phase durations and per-partition lag from one StreamingQueryProgress."""
@@ -280,5 +292,39 @@ class MaintenanceMetrics:
         for key, counter in self.churn.items():
             counter.labels(health.table).inc(getattr(new_commits, key))
 
-    def serve(self, host: str, port: int) -> None:
-        serve(self.registry, host, port)
+    def serve(self, host: str, port: int) -> Callable[[], None]:
+        return serve(self.registry, host, port)
+
+
+# --- the simulator ----------------------------------------------------------------------------------
+
+
+@dataclass
+class SimulatorMetrics:
+    """sensor-sim's metrics on their own registry (names: iot_sim_<name>_<unit>)."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.sent = Counter(
+            "iot_sim_messages_sent_total",
+            "Messages Kafka acknowledged, by kind (valid, duplicate, out_of_order, late, or a malformed kind)",
+            ["kind"],
+            registry=r,
+        )
+        self.failed = Counter(
+            "iot_sim_messages_failed_total",
+            "Messages Kafka refused or never acknowledged, by kind (unconfirmed_at_exit: no report at exit)",
+            ["kind"],
+            registry=r,
+        )
+        self.delivery_latency = Histogram(
+            "iot_sim_delivery_latency_seconds",
+            "Time from handing a message to the client to its successful delivery report",
+            buckets=DELIVERY_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def serve(self, host: str, port: int) -> Callable[[], None]:
+        return serve(self.registry, host, port)

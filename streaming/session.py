@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from streaming.config import Settings, resolve_path
 from streaming.errors import CredentialsError, JavaMissingError
+from streaming.logstore import ensure_jar, log_store_conf, needs_jar
 
 SCALA = "2.13"
 SPARK_VERSION = "4.2.0"
@@ -77,13 +78,16 @@ def storage_conf(settings: Settings) -> dict[str, str]:
     }
 
 
-def session_conf(settings: Settings, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every conf the session gets: built-in defaults < storage < config's spark.conf < extra."""
+def session_conf(
+    settings: Settings, extra: Mapping[str, str] | None = None, log_store_jar: Path | None = None
+) -> dict[str, str]:
+    """Every conf the session gets: built-in defaults < storage < config's spark.conf < log store < extra."""
     conf = dict(BASE_CONF)
     conf["spark.jars.ivy"] = str(resolve_path(settings.spark.ivy_cache))
     conf["spark.driver.memory"] = settings.spark.driver_memory
     conf.update(storage_conf(settings))
     conf.update(settings.spark.conf)
+    conf.update(log_store_conf(settings, log_store_jar))  # keeps config's spark.jars, adds the log store's
     conf.update(extra or {})
     return conf
 
@@ -95,8 +99,12 @@ def build_session(
     from delta import configure_spark_with_delta_pip
 
     check_java()
+    jar = None
+    if needs_jar(settings):
+        # Built by `make install`; built here too when missing (an edited source, a cleared cache): ~5 s, once.
+        jar, _ = ensure_jar(settings)
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name or settings.spark.app_name)
-    for key, value in session_conf(settings, extra_conf).items():
+    for key, value in session_conf(settings, extra_conf, jar).items():
         builder = builder.config(key, value)
     spark = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES)).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -133,8 +141,12 @@ if __name__ == "__main__":
     try:
         settings = load_settings()
         fetched = resolve_jars(settings)
+        where = jars_marker(settings).parent
+        print(f"spark jars: {'resolved into' if fetched else 'cached in'} {where} ({time.monotonic() - started:.1f}s)")
+        if needs_jar(settings):
+            started = time.monotonic()
+            jar, built = ensure_jar(settings)
+            print(f"log store: {'built' if built else 'cached'} {jar} ({time.monotonic() - started:.1f}s)")
     except IotLakeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    where = jars_marker(settings).parent
-    print(f"spark jars: {'resolved into' if fetched else 'cached in'} {where} ({time.monotonic() - started:.1f}s)")

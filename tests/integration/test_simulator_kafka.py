@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from producers.cli import main
+from producers.cli import parse_config, run
+from producers.faults import DUPLICATE, LATE, MALFORMED_KINDS, OUT_OF_ORDER, VALID
 from producers.options import SimOptions
-from producers.stream import EventStream, simulate
+from producers.stream import EventStream, simulate, wall_clock_ms
 from streaming.config import Settings
+from streaming.metrics import SimulatorMetrics
 from tests.unit.test_simulator_cli import FAULT_FLAGS, comparable, recent_start
 
 pytestmark = pytest.mark.integration
@@ -26,7 +28,8 @@ def test_backend_sends_exactly_the_generated_bytes(backend: str, settings: Setti
     argv = ["--bootstrap-servers", settings.kafka.bootstrap_servers, "--topic", settings.kafka.topic]
     argv += ["--backend", backend, "--rate", "0", "--count", str(COUNT), "--seed", "8", "--start-time", str(start)]
     argv += ["--summary-json", str(path), "--quiet", *FAULT_FLAGS]
-    assert main(argv) == 0
+    metrics = SimulatorMetrics()
+    assert run(parse_config(argv, {}, wall_clock_ms()), metrics=metrics) == 0
     summary = json.loads(path.read_text())
     opts = SimOptions(
         seed=8,
@@ -39,6 +42,20 @@ def test_backend_sends_exactly_the_generated_bytes(backend: str, settings: Setti
     )
     assert comparable(summary) == comparable(simulate(opts))
     assert summary["delivery_failed"] == 0 and summary["backend"] == backend
+
+    # The metrics count what Kafka acknowledged, by kind, and time every delivered message.
+    value = metrics.registry.get_sample_value
+    sent = {kind: value("iot_sim_messages_sent_total", {"kind": kind}) for kind in (VALID, *MALFORMED_KINDS)}
+    sent.update({kind: value("iot_sim_messages_sent_total", {"kind": kind}) for kind in (DUPLICATE, LATE)})
+    sent[OUT_OF_ORDER] = value("iot_sim_messages_sent_total", {"kind": OUT_OF_ORDER})
+    assert sent[DUPLICATE] == summary["duplicates"]
+    assert sent[LATE] == summary["late"] and sent[OUT_OF_ORDER] == summary["out_of_order"]
+    assert sent[VALID] == summary["valid_distinct"] - summary["late"] - summary["out_of_order"]
+    assert all(sent[kind] == summary["malformed_by_kind"][kind] for kind in MALFORMED_KINDS)
+    assert sum(sent.values()) == summary["sent_total"] == COUNT
+    assert all(value("iot_sim_messages_failed_total", {"kind": kind}) == 0 for kind in sent)
+    assert value("iot_sim_delivery_latency_seconds_count") == summary["sent_total"]
+    assert 0 < value("iot_sim_delivery_latency_seconds_sum") < 120 * COUNT
 
     consumer = Consumer(
         {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "t", "auto.offset.reset": "earliest"}

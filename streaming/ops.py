@@ -1,0 +1,806 @@
+"""Table operations behind `iotlake history|show|restore|changes|delete-device`.
+
+Pure helpers (table names, timestamps, metric picking, JSON conversion, text tables, the VACUUM horizon,
+confirmation) come first and are unit-tested; `TableOps` does the Spark and Delta work. These commands
+are a second writer beside the stream: `streaming.logstore.check_writers_safe` decides whether that
+is safe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, TextIO
+
+from streaming.config import Settings, parse_duration
+from streaming.errors import (
+    ConcurrentWriteError,
+    ConfigError,
+    ConfirmationRequiredError,
+    InvalidTimestampError,
+    TableNotCreatedError,
+    UnknownTableError,
+    VersionNotFoundError,
+)
+from streaming.logstore import check_writers_safe
+
+if TYPE_CHECKING:
+    from delta.tables import DeltaTable
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+TABLE_KEYS = ("readings", "device_state", "quarantine")
+# operationMetrics worth showing in `history`, in this order (Delta writes them as strings).
+KEY_METRICS = (
+    "numOutputRows",
+    "numTargetRowsInserted",
+    "numTargetRowsUpdated",
+    "numTargetRowsDeleted",
+    "numDeletedRows",
+    "numCopiedRows",
+    "numFiles",
+    "numAddedFiles",
+    "numRemovedFiles",
+    "numAddedBytes",
+    "numRemovedBytes",
+    "numOutputBytes",
+    "numAddedChangeFiles",
+    "numRestoredFiles",
+    "numOfFilesAfterRestore",
+    "executionTimeMs",
+)
+DEFAULT_DELETED_FILE_RETENTION = "interval 1 week"  # Delta's default for delta.deletedFileRetentionDuration
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+
+
+# --- pure helpers ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    key: str  # readings | device_state | quarantine (the config key)
+    name: str  # the configured table name
+    uri: str
+
+
+def lake_tables(settings: Settings) -> list[LakeTable]:
+    t = settings.tables
+    specs = (t.readings, t.device_state, t.quarantine)
+    pairs = zip(TABLE_KEYS, specs, strict=True)
+    return [LakeTable(key, spec.name, settings.storage.table_uri(spec.name)) for key, spec in pairs]
+
+
+def resolve_table(settings: Settings, name: str) -> LakeTable:
+    """The lake table called `name` (its configured name or its config key)."""
+    for table in lake_tables(settings):
+        if name in (table.name, table.key):
+            return table
+    known = ", ".join(t.name for t in lake_tables(settings))
+    raise UnknownTableError(f"Unknown table {name!r}. The lake's tables are: {known}.")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """A UTC time from ISO-8601 (naive = UTC, 'Z' allowed) or epoch milliseconds."""
+    value = text.strip()
+    if value.isdigit():
+        return datetime.fromtimestamp(int(value) / 1000, UTC)
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InvalidTimestampError(
+            f"--timestamp {text!r} is not a time. Use ISO-8601, e.g. 2026-11-30T14:05:00Z or "
+            "'2026-11-30 14:05:00' (naive = UTC), or epoch milliseconds."
+        ) from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def iso_ms(epoch_ms: int | None) -> str | None:
+    """Epoch milliseconds as ISO-8601 UTC with milliseconds."""
+    if epoch_ms is None:
+        return None
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def key_metrics(operation_metrics: Mapping[str, str] | None) -> dict[str, int]:
+    """The operationMetrics worth showing, as integers, in a stable order."""
+    metrics = operation_metrics or {}
+    out: dict[str, int] = {}
+    for key in KEY_METRICS:
+        raw = metrics.get(key)
+        if raw is not None and str(raw).lstrip("-").isdigit():
+            out[key] = int(raw)
+    return out
+
+
+def vacuum_eligible_at(commit_ms: int, deleted_file_retention: str) -> datetime:
+    """The earliest time VACUUM with this retention can remove files a commit at `commit_ms` removed."""
+    seconds = parse_duration(deleted_file_retention, "delta.deletedFileRetentionDuration")
+    return datetime.fromtimestamp(commit_ms / 1000, UTC) + timedelta(seconds=seconds)
+
+
+def jsonable(value: Any) -> Any:
+    """A Spark row value as JSON data: times as ISO-8601, bytes as UTF-8 text or base64."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(bytes(value)).decode()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def text_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 40) -> str:
+    """Rows as an aligned text table; cells longer than `max_width` are cut with an ellipsis."""
+
+    def cell(value: Any) -> str:
+        shown = "" if value is None else str(jsonable(value))
+        shown = shown.replace("\n", " ")
+        return shown if len(shown) <= max_width else shown[: max_width - 1] + "…"
+
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def confirm(question: str, *, assume_yes: bool, stdin: TextIO, stdout: TextIO, refusal: str) -> bool:
+    """True with --yes; else ask on a terminal (y/yes); with no terminal, refuse with `refusal`."""
+    if assume_yes:
+        return True
+    if not stdin.isatty():
+        raise ConfirmationRequiredError(refusal)
+    stdout.write(f"{question} [y/N] ")
+    stdout.flush()
+    return stdin.readline().strip().lower() in ("y", "yes")
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    version: int
+    timestamp: str | None
+    timestamp_ms: int | None
+    operation: str
+    metrics: dict[str, int]
+    parameters: dict[str, str]
+    user_metadata: str | None = None
+
+
+@dataclass(frozen=True)
+class ShowResult:
+    table: str
+    version: int
+    commit_timestamp: str | None
+    row_count: int
+    columns: list[str]
+    rows: list[list[Any]]
+    device: str | None = None
+    asked_timestamp: str | None = None
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    table: str
+    restored_version: int
+    previous_version: int
+    new_version: int | None
+    rows_after: int
+    metrics: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ChangesResult:
+    table: str
+    from_version: int
+    to_version: int
+    counts: dict[str, int]
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass(frozen=True)
+class DeviceDeletion:
+    table: str
+    matched_on: str  # the column the device was matched on
+    rows_deleted: int
+    commit_version: int | None = None
+    commit_timestamp: str | None = None
+    files_removed: int = 0
+    bytes_removed: int = 0
+    files_added: int = 0
+    bytes_added: int = 0
+    change_files_added: int = 0
+    deleted_file_retention: str | None = None
+    vacuum_eligible_at: str | None = None
+
+
+@dataclass(frozen=True)
+class DeleteReport:
+    device_id: str
+    tables: list[DeviceDeletion] = field(default_factory=list)
+
+    @property
+    def rows_deleted(self) -> int:
+        return sum(t.rows_deleted for t in self.tables)
+
+    @property
+    def vacuum_eligible_at(self) -> str | None:
+        """When VACUUM can reclaim every table's removed files (the latest of the per-table times)."""
+        times = [t.vacuum_eligible_at for t in self.tables if t.vacuum_eligible_at]
+        return max(times) if times else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device_id": self.device_id,
+            "rows_deleted": self.rows_deleted,
+            "vacuum_eligible_at": self.vacuum_eligible_at,
+            "tables": [asdict(t) for t in self.tables],
+        }
+
+
+# --- formatting for people -------------------------------------------------------------------------
+
+
+def format_history(table: str, entries: Sequence[HistoryEntry]) -> str:
+    rows = []
+    for e in entries:
+        metrics = " ".join(f"{k}={v}" for k, v in e.metrics.items() if k != "executionTimeMs")
+        params = " ".join(f"{k}={v}" for k, v in e.parameters.items() if v not in (None, "", "[]"))
+        rows.append([e.version, e.timestamp, e.operation, metrics, params])
+    return f"history of {table} (newest first)\n" + text_table(
+        ["version", "timestamp", "operation", "metrics", "parameters"], rows, max_width=90
+    )
+
+
+def format_show(result: ShowResult) -> str:
+    where = f" where device_id = {result.device!r}" if result.device else ""
+    asked = f" (as of {result.asked_timestamp})" if result.asked_timestamp else ""
+    head = (
+        f"{result.table} at version {result.version}{asked}, committed {result.commit_timestamp}: "
+        f"{result.row_count} row(s){where}"
+    )
+    if not result.rows:
+        return head
+    shown = f"\n(first {len(result.rows)} shown)" if len(result.rows) < result.row_count else ""
+    return f"{head}\n{text_table(result.columns, result.rows)}{shown}"
+
+
+def format_restore(result: RestoreResult) -> str:
+    m = result.metrics
+    return (
+        f"restored {result.table} to version {result.restored_version} (was at {result.previous_version}); "
+        f"new version {result.new_version}, {result.rows_after} row(s); "
+        f"files restored {m.get('numRestoredFiles', 0)}, removed {m.get('numRemovedFiles', 0)}"
+    )
+
+
+def format_changes(result: ChangesResult) -> str:
+    counts = ", ".join(f"{kind}={n}" for kind, n in sorted(result.counts.items())) or "none"
+    head = f"changes to {result.table}, versions {result.from_version}..{result.to_version}: {counts}"
+    if not result.rows:
+        return head
+    total = sum(result.counts.values())
+    shown = f"\n(first {len(result.rows)} of {total} shown)" if len(result.rows) < total else ""
+    return f"{head}\n{text_table(result.columns, result.rows)}{shown}"
+
+
+def format_delete_report(report: DeleteReport) -> str:
+    rows = [
+        [
+            t.table,
+            t.matched_on,
+            t.rows_deleted,
+            t.commit_version if t.commit_version is not None else "-",
+            t.files_removed,
+            t.bytes_removed,
+            t.change_files_added,
+            t.deleted_file_retention or "-",
+            t.vacuum_eligible_at or "-",
+        ]
+        for t in report.tables
+    ]
+    table = text_table(
+        [
+            "table",
+            "matched on",
+            "rows deleted",
+            "version",
+            "files removed",
+            "bytes removed",
+            "change files",
+            "retention",
+            "VACUUM can reclaim from",
+        ],
+        rows,
+    )
+    lines = [f"deleted device {report.device_id!r}: {report.rows_deleted} row(s)", table]
+    if report.rows_deleted:
+        lines.append(
+            "The rows are gone from the current versions, but older versions (time travel), the files the "
+            "DELETE removed and the change-data files (which hold the deleted rows) stay on storage until a "
+            f"VACUUM after {report.vacuum_eligible_at} removes them for good (`iotlake vacuum`)."
+        )
+    return "\n".join(lines)
+
+
+# --- Spark and Delta ---------------------------------------------------------------------------------
+
+
+class TableOps:
+    """history, time travel, restore, change feed and device purge on the lake's Delta tables."""
+
+    def __init__(self, spark: SparkSession, settings: Settings) -> None:
+        self.spark = spark
+        self.settings = settings
+
+    def _delta(self, table: LakeTable) -> DeltaTable:
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(self.spark, table.uri):
+            raise TableNotCreatedError(
+                f"Table {table.name} does not exist yet at {table.uri}. The stream creates it: run "
+                "`iotlake ingest` (or `make run`) first, and check storage.base_uri in `iotlake config`."
+            )
+        return DeltaTable.forPath(self.spark, table.uri)
+
+    def latest_version(self, table: LakeTable) -> tuple[int, int]:
+        """(version, commit epoch ms) of the newest commit."""
+        from pyspark.sql import functions as F
+
+        row = self._delta(table).history(1).select("version", F.unix_millis("timestamp").alias("ms")).first()
+        assert row is not None  # a Delta table has at least its first commit
+        return int(row["version"]), int(row["ms"])
+
+    def _check_version(self, table: LakeTable, version: int, latest: int) -> None:
+        if version < 0 or version > latest:
+            raise VersionNotFoundError(
+                f"{table.name} has no version {version}: its newest version is {latest}. "
+                f"See `iotlake history {table.name}`."
+            )
+
+    def history(self, name: str, limit: int | None = None) -> list[HistoryEntry]:
+        from pyspark.sql import functions as F
+
+        table = resolve_table(self.settings, name)
+        delta = self._delta(table)
+        frame = delta.history(limit) if limit else delta.history()
+        rows = frame.select(
+            "version",
+            F.unix_millis("timestamp").alias("ms"),
+            "operation",
+            "operationMetrics",
+            "operationParameters",
+            "userMetadata",
+        ).collect()
+        return [
+            HistoryEntry(
+                version=int(r["version"]),
+                timestamp=iso_ms(r["ms"]),
+                timestamp_ms=r["ms"],
+                operation=str(r["operation"]),
+                metrics=key_metrics(r["operationMetrics"]),
+                parameters={str(k): str(v) for k, v in (r["operationParameters"] or {}).items() if v is not None},
+                user_metadata=r["userMetadata"],
+            )
+            for r in sorted(rows, key=lambda r: -int(r["version"]))
+        ]
+
+    def version_at(self, table: LakeTable, when: datetime) -> tuple[int, int]:
+        """(version, commit ms) of the newest commit at or before `when`."""
+        from pyspark.sql import functions as F
+
+        cutoff = int(when.timestamp() * 1000)
+        commits = self._delta(table).history().select("version", F.unix_millis("timestamp").alias("ms"))
+        row = commits.filter(F.col("ms") <= F.lit(cutoff)).orderBy(F.col("version").desc()).first()
+        if row is None:
+            first = commits.orderBy("version").first()
+            since = f" Its first retained commit is at {iso_ms(first['ms'])}." if first is not None else ""
+            raise VersionNotFoundError(
+                f"{table.name} did not exist yet at {when.isoformat()}.{since} Pick a later --timestamp, or "
+                f"a --version from `iotlake history {table.name}`."
+            )
+        return int(row["version"]), int(row["ms"])
+
+    def _read_version(self, table: LakeTable, version: int) -> DataFrame:
+        return self.spark.read.format("delta").option("versionAsOf", version).load(table.uri)
+
+    def show(
+        self,
+        name: str,
+        version: int | None = None,
+        timestamp: datetime | None = None,
+        device: str | None = None,
+        limit: int = 20,
+    ) -> ShowResult:
+        """The rows of one version (by number or by time), optionally of one device only."""
+        table = resolve_table(self.settings, name)
+        latest, latest_ms = self.latest_version(table)
+        commit_ms: int | None
+        if timestamp is not None:
+            version, commit_ms = self.version_at(table, timestamp)
+        else:
+            assert version is not None
+            self._check_version(table, version, latest)
+            commit_ms = latest_ms if version == latest else self._commit_ms(table, version)
+        with _delta_errors(table):
+            frame = self._read_version(table, version)
+            if device is not None:
+                frame = frame.filter(device_condition(table, frame.columns, device))
+            count = frame.count()
+            rows = frame.limit(limit).collect() if limit > 0 else []
+        return ShowResult(
+            table=table.name,
+            version=version,
+            commit_timestamp=iso_ms(commit_ms),
+            row_count=count,
+            columns=list(frame.columns),
+            rows=[[jsonable(v) for v in r] for r in rows],
+            device=device,
+            asked_timestamp=timestamp.isoformat() if timestamp is not None else None,
+        )
+
+    def _commit_ms(self, table: LakeTable, version: int) -> int | None:
+        from pyspark.sql import functions as F
+
+        commits = self._delta(table).history().filter(F.col("version") == F.lit(version))
+        row = commits.select(F.unix_millis("timestamp").alias("ms")).first()
+        return int(row["ms"]) if row is not None else None
+
+    def count_at(self, name: str, version: int) -> int:
+        table = resolve_table(self.settings, name)
+        with _delta_errors(table):
+            return self._read_version(table, version).count()
+
+    def restore(self, name: str, version: int) -> RestoreResult:
+        """RESTORE the table to `version`; a new commit that history records as RESTORE."""
+        table = resolve_table(self.settings, name)
+        latest, _ = self.latest_version(table)
+        self._check_version(table, version, latest)
+        check_writers_safe(self.settings, "ops")
+        delta = self._delta(table)
+        with _tagged_commit(self.spark, "restore") as tag, _delta_errors(table):
+            metrics_row = delta.restoreToVersion(version).first()
+        entry = self._tagged_entry(table, tag)
+        return RestoreResult(
+            table=table.name,
+            restored_version=version,
+            previous_version=latest,
+            new_version=entry.version if entry else None,
+            rows_after=self._delta(table).toDF().count(),
+            metrics=entry.metrics if entry else _restore_metrics(metrics_row),
+        )
+
+    def changes(self, name: str, from_version: int, to_version: int | None = None, limit: int = 50) -> ChangesResult:
+        """The Change Data Feed between two versions (inclusive): every row with its change type."""
+        from pyspark.sql import functions as F
+
+        table = resolve_table(self.settings, name)
+        latest, _ = self.latest_version(table)
+        end = latest if to_version is None else to_version
+        self._check_version(table, from_version, latest)
+        self._check_version(table, end, latest)
+        if from_version > end:
+            raise VersionNotFoundError(
+                f"--from-version {from_version} is after --to-version {end}; give the older version first."
+            )
+        with _delta_errors(table):
+            frame = (
+                self.spark.read.format("delta")
+                .option("readChangeFeed", "true")
+                .option("startingVersion", from_version)
+                .option("endingVersion", end)
+                .load(table.uri)
+            )
+            data = [c for c in frame.columns if c not in CHANGE_COLUMNS]
+            frame = frame.select(*CHANGE_COLUMNS, *data)
+            counts = {str(r[0]): int(r[1]) for r in frame.groupBy("_change_type").count().collect()}
+            ordered = frame.orderBy(F.col("_commit_version"), F.col("_change_type"))
+            rows = ordered.limit(limit).collect() if limit > 0 else []
+        return ChangesResult(
+            table=table.name,
+            from_version=from_version,
+            to_version=end,
+            counts=counts,
+            columns=list(frame.columns),
+            rows=[[jsonable(v) for v in r] for r in rows],
+        )
+
+    def delete_device(self, device_id: str) -> DeleteReport:
+        """Row-level DELETE of one device from every table that records it; what VACUUM must then do."""
+        check_writers_safe(self.settings, "ops")
+        report = DeleteReport(device_id)
+        for table in lake_tables(self.settings):
+            delta = self._delta(table)
+            columns = delta.toDF().columns
+            condition = device_condition(table, columns, device_id)
+            matched_on = "device_id" if "device_id" in columns else "raw_key"
+            matching = delta.toDF().filter(condition).count()
+            if matching == 0:  # no empty DELETE commits
+                report.tables.append(DeviceDeletion(table.name, matched_on, 0))
+                continue
+            with _tagged_commit(self.spark, "delete-device") as tag, _delta_errors(table):
+                delta.delete(condition)
+            entry = self._tagged_entry(table, tag)
+            retention = self._deleted_file_retention(delta)
+            metrics = entry.metrics if entry else {}
+            commit_ms = entry.timestamp_ms if entry else None
+            report.tables.append(
+                DeviceDeletion(
+                    table=table.name,
+                    matched_on=matched_on,
+                    rows_deleted=metrics.get("numDeletedRows", matching),
+                    commit_version=entry.version if entry else None,
+                    commit_timestamp=entry.timestamp if entry else None,
+                    files_removed=metrics.get("numRemovedFiles", 0),
+                    bytes_removed=metrics.get("numRemovedBytes", 0),
+                    files_added=metrics.get("numAddedFiles", 0),
+                    bytes_added=metrics.get("numAddedBytes", 0),
+                    change_files_added=metrics.get("numAddedChangeFiles", 0),
+                    deleted_file_retention=retention,
+                    vacuum_eligible_at=(
+                        vacuum_eligible_at(commit_ms, retention).isoformat(timespec="seconds")
+                        if commit_ms is not None
+                        else None
+                    ),
+                )
+            )
+        return report
+
+    def _deleted_file_retention(self, delta: DeltaTable) -> str:
+        detail = delta.detail().select("properties").first()
+        properties = (detail["properties"] if detail is not None else None) or {}
+        return str(properties.get("delta.deletedFileRetentionDuration", DEFAULT_DELETED_FILE_RETENTION))
+
+    def _tagged_entry(self, table: LakeTable, tag: str) -> HistoryEntry | None:
+        """Our own commit, found by its userMetadata tag among the newest commits (the stream may add more)."""
+        for entry in self.history(table.name, limit=50):
+            if entry.user_metadata == tag:
+                return entry
+        return None
+
+
+def device_condition(table: LakeTable, columns: Sequence[str], device_id: str) -> Column:
+    """A typed condition for one device's rows: device_id, or quarantine's Kafka key (the device id)."""
+    from pyspark.sql import functions as F
+
+    if "device_id" in columns:
+        return F.col("device_id") == F.lit(device_id)
+    if "raw_key" in columns:
+        return F.col("raw_key") == F.lit(device_id.encode("utf-8"))
+    raise ConfigError(f"Table {table.name} has neither a device_id nor a raw_key column to match a device on.")
+
+
+def _restore_metrics(row: Any) -> dict[str, int]:
+    if row is None:
+        return {}
+    values = row.asDict()
+    return {
+        "numRestoredFiles": int(values.get("num_restored_files") or 0),
+        "numRemovedFiles": int(values.get("num_removed_files") or 0),
+        "numOfFilesAfterRestore": int(values.get("num_of_files_after_restore") or 0),
+    }
+
+
+@contextmanager
+def _tagged_commit(spark: SparkSession, operation: str) -> Iterator[str]:
+    """Tag the next commit's userMetadata so that history finds exactly our commit; always untag."""
+    tag = f"iotlake {operation} {uuid.uuid4().hex}"
+    spark.conf.set(USER_METADATA, tag)
+    try:
+        yield tag
+    finally:
+        spark.conf.unset(USER_METADATA)
+
+
+@contextmanager
+def _delta_errors(table: LakeTable) -> Iterator[None]:
+    """Delta's errors for versions and concurrent writers, as IotLakeErrors naming the fix."""
+    try:
+        yield
+    except Exception as e:
+        text = str(e)
+        if "DELTA_VERSION_NOT_FOUND" in text or "DELTA_CDC_START_VERSION_AFTER_LATEST" in text:
+            raise VersionNotFoundError(
+                f"{table.name}: {_first_line(text)} Older versions may have been removed by log retention; "
+                f"see `iotlake history {table.name}`."
+            ) from e
+        if "DELTA_CHANGE_DATA_FILE_NOT_FOUND" in text or "DELTA_MISSING_CHANGE_DATA" in text:
+            raise VersionNotFoundError(
+                f"{table.name}: the change data of those versions is gone ({_first_line(text)}). "
+                "VACUUM removes it after the deleted-file retention; pick a newer --from-version."
+            ) from e
+        if "DELTA_CONCURRENT" in text or type(e).__name__.startswith("Concurrent"):
+            raise ConcurrentWriteError(
+                f"{table.name}: another writer committed a conflicting change first ({_first_line(text)}). "
+                "Nothing was changed by this command; run it again."
+            ) from e
+        raise
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:300] if text.strip() else text
+
+
+# --- the `iotlake` subcommands ---------------------------------------------------------------------
+
+
+def _version(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version number (0, 1, 2, ...)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: versions start at 0")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _device_id(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the device id is empty")
+    return text
+
+
+def add_ops_parsers(sub: Any) -> None:
+    """history, show, restore, changes and delete-device on the `iotlake` subparsers."""
+    table_help = "table: readings, device_state or quarantine (or its configured name)"
+
+    history = sub.add_parser("history", help="a table's commits: version, time, operation, metrics, parameters")
+    history.add_argument("table", help=table_help)
+    history.add_argument("--limit", type=_count, default=20, help="newest N commits (default: 20; 0 = all)")
+    history.add_argument("--json", action="store_true", help="machine-readable output")
+
+    show = sub.add_parser("show", help="time travel: a table's rows at a version or a time, and their count")
+    show.add_argument("table", help=table_help)
+    at = show.add_mutually_exclusive_group(required=True)
+    at.add_argument("--version", type=_version, help="the table version to read")
+    at.add_argument("--timestamp", help="read the version current at this time (ISO-8601, naive = UTC; or epoch ms)")
+    show.add_argument("--device", type=_device_id, metavar="DEVICE_ID", help="only this device's rows")
+    show.add_argument("--limit", type=_count, default=20, help="rows to print (default: 20); the count is of all")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+
+    restore = sub.add_parser("restore", help="RESTORE a table to an earlier version (asks first; recorded in history)")
+    restore.add_argument("table", help=table_help)
+    restore.add_argument("--version", type=_version, required=True, help="the version to restore")
+    restore.add_argument("--yes", action="store_true", help="don't ask (required when stdin is not a terminal)")
+    restore.add_argument("--json", action="store_true", help="machine-readable output")
+
+    changes = sub.add_parser("changes", help="the Change Data Feed between two versions")
+    changes.add_argument("table", help=table_help)
+    changes.add_argument("--from-version", type=_version, required=True, help="first version (inclusive)")
+    changes.add_argument("--to-version", type=_version, help="last version (inclusive; default: the newest)")
+    changes.add_argument("--limit", type=_count, default=50, help="rows to print (default: 50); counts are of all")
+    changes.add_argument("--json", action="store_true", help="machine-readable output")
+
+    purge = sub.add_parser(
+        "delete-device", help="purge one device from every table (row-level DELETE) and say what VACUUM must do"
+    )
+    purge.add_argument("device_id", type=_device_id, metavar="DEVICE_ID", help="the device to delete")
+    purge.add_argument("--yes", action="store_true", help="don't ask (required when stdin is not a terminal)")
+    purge.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _table_ops(settings: Settings) -> TableOps:
+    from streaming.session import build_session
+
+    return TableOps(build_session(settings, app_name="iotlake-ops"), settings)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _history_command(settings: Settings, args: argparse.Namespace) -> int:
+    resolve_table(settings, args.table)
+    entries = _table_ops(settings).history(args.table, args.limit or None)
+    if args.json:
+        _print_json([asdict(e) for e in entries])
+    else:
+        print(format_history(resolve_table(settings, args.table).name, entries))
+    return 0
+
+
+def _show_command(settings: Settings, args: argparse.Namespace) -> int:
+    resolve_table(settings, args.table)
+    when = parse_timestamp(args.timestamp) if args.timestamp is not None else None
+    result = _table_ops(settings).show(args.table, args.version, when, args.device, args.limit)
+    if args.json:
+        _print_json(asdict(result))
+    else:
+        print(format_show(result))
+    return 0
+
+
+def _refuse_unattended(args: argparse.Namespace, what: str) -> None:
+    if not args.yes and not sys.stdin.isatty():
+        raise ConfirmationRequiredError(
+            f"{what} changes the lake and stdin is not a terminal, so there is no one to ask. Add --yes to confirm."
+        )
+
+
+def _restore_command(settings: Settings, args: argparse.Namespace) -> int:
+    table = resolve_table(settings, args.table)
+    what = f"`iotlake restore {table.name} --version {args.version}`"
+    _refuse_unattended(args, what)
+    ops = _table_ops(settings)
+    if not args.yes:
+        latest, _ = ops.latest_version(table)
+        ops._check_version(table, args.version, latest)
+        question = (
+            f"Restore {table.name} from version {latest} ({ops.count_at(table.name, latest)} rows) to version "
+            f"{args.version} ({ops.count_at(table.name, args.version)} rows)? This commits a new version."
+        )
+        if not confirm(question, assume_yes=False, stdin=sys.stdin, stdout=sys.stdout, refusal=what):
+            print("restore cancelled; nothing changed")
+            return 1
+    result = ops.restore(table.name, args.version)
+    if args.json:
+        _print_json(asdict(result))
+    else:
+        print(format_restore(result))
+    return 0
+
+
+def _changes_command(settings: Settings, args: argparse.Namespace) -> int:
+    resolve_table(settings, args.table)
+    result = _table_ops(settings).changes(args.table, args.from_version, args.to_version, args.limit)
+    if args.json:
+        _print_json(asdict(result))
+    else:
+        print(format_changes(result))
+    return 0
+
+
+def _delete_device_command(settings: Settings, args: argparse.Namespace) -> int:
+    what = f"`iotlake delete-device {args.device_id}`"
+    _refuse_unattended(args, what)
+    names = ", ".join(t.name for t in lake_tables(settings))
+    question = f"Delete every row of device {args.device_id!r} from {names}? This rewrites files."
+    if not confirm(question, assume_yes=args.yes, stdin=sys.stdin, stdout=sys.stdout, refusal=what):
+        print("delete-device cancelled; nothing changed")
+        return 1
+    report = _table_ops(settings).delete_device(args.device_id)
+    if args.json:
+        _print_json(report.as_dict())
+    else:
+        print(format_delete_report(report))
+    return 0
+
+
+OPS_COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "history": _history_command,
+    "show": _show_command,
+    "restore": _restore_command,
+    "changes": _changes_command,
+    "delete-device": _delete_device_command,
+}
