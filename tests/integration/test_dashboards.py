@@ -41,7 +41,7 @@ from tests.helpers import wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WINDOW = "1m"  # what $__rate_interval becomes: 12 scrapes at the test stack's 5 s interval
-READY_TIMEOUT_S = 420.0
+READY_TIMEOUT_S = 600.0  # the sidecar needs a first VACUUM, an OPTIMIZE and 10 commits (a checkpoint)
 RULES = PROJECT_ROOT / "monitoring" / "rules" / "iotlake.yml"
 EXPORTER_OF = {"iot_ingest_": "ingest", "iot_sim_": "simulator", "iot_table_": "sidecar", "iot_maintenance_": "sidecar"}
 
@@ -175,7 +175,7 @@ def scraped(
             sys.executable, "-m", "producers",
             "--bootstrap-servers", settings.kafka.bootstrap_servers,
             "--topic", settings.kafka.topic,
-            "--rate", "300", "--duration", "900", "--devices", "20", "--parcels", "4",
+            "--rate", "100", "--duration", "1200", "--devices", "20", "--parcels", "4",
             "--duplicate-rate", "0.05", "--malformed-rate", "0.05", "--late-rate", "0.02", "--quiet",
         ]  # fmt: skip
         if sim_port:
