@@ -72,11 +72,13 @@ def bench_stack(keep_home: bool = False, echo: Echo | None = print) -> Iterator[
     layout = StackLayout(home=home, cache=default_cache())
     kafka_port = free_port(pair=True)
     minio_port = free_port({kafka_port, kafka_port + 1}, pair=True)
+    prometheus_port = free_port({kafka_port, kafka_port + 1, minio_port, minio_port + 1})
     overrides = {
         HOME_ENV: str(home),
         "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
         "IOTLAKE_STORAGE__ENDPOINT": f"http://127.0.0.1:{minio_port}",
         "IOTLAKE_STORAGE__SECRETS_FILE": str(home / "secrets.env"),
+        "IOTLAKE_MONITORING__PROMETHEUS_PORT": str(prometheus_port),
     }
     try:
         api.up(load_settings(env={**os.environ, **overrides}), layout, echo=echo)

@@ -135,3 +135,10 @@ def free_port(exclude: set[int] | None = None, pair: bool = False) -> int:
         if not wanted & exclude and all(loopback_port_free(p) for p in wanted):
             return port
     raise StackError(f"No free loopback port found in {PORT_RANGE}; stop some services and try again.")
+
+
+def prometheus_web(host: str, port: int) -> HostPort:
+    """The native Prometheus' web address from monitoring.prometheus_host/_port (loopback)."""
+    where = "monitoring.prometheus_host/prometheus_port"
+    _require_loopback(host, where)
+    return HostPort(host, _port(str(port), where))

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from stack import kafka, minio, proc, spark_cluster
+from stack import prometheus as prom
 from stack import secrets as sec
 from stack.addresses import minio_console
 from stack.install import Echo, Installed, find_java, install
@@ -21,13 +22,15 @@ def _timed(echo: Echo | None, started: float, text: str) -> None:
 
 
 def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None = print, cluster: bool = False) -> None:
-    """Install what is missing, start Kafka and MinIO (reusing running ones), bootstrap MinIO, add the topic.
+    """Install what is missing, start Kafka, MinIO and Prometheus (reusing running ones), bootstrap MinIO, add
+    the topic.
 
     With `cluster`, also a Spark standalone master and worker (stack.spark_cluster). Kafka runs one node
     per address in kafka.bootstrap_servers (one or two). Prints one line per step through `echo` (None: silent).
     """
     layout = layout or StackLayout.default()
-    kafka.address(settings), minio.address(settings)  # bad addresses fail before anything is installed
+    for address in (kafka.address, minio.address, prom.address):  # bad addresses fail before installing
+        address(settings)
     inst = install(layout, echo)
     layout.make_dirs()
     secrets_path = resolve_path(settings.storage.secrets_file)
@@ -37,14 +40,20 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     minio.check_can_start(settings, layout)
     if cluster:
         spark_cluster.check_can_start(settings, layout)
+    prom.check_can_start(settings, layout)
     started = time.monotonic()
     kafka_pid, kafka_reused = kafka.launch(settings, layout, inst)
     minio_started = time.monotonic()
     minio_pid, minio_reused = minio.launch(settings, layout, inst, secrets)
+    prom_started = time.monotonic()
+    prom_pid, prom_reused = prom.launch(settings, layout, inst)
     # MinIO first: it is ready sooner, so each line shows its own start-up time.
     minio.wait_ready(settings, layout, minio_pid)
     verb = "running already" if minio_reused else "started"
     _timed(echo, minio_started, f"minio: {verb}, pid {minio_pid}, {settings.storage.endpoint}, ready")
+    prom.wait_ready(settings, layout, prom_pid)
+    verb = "running already" if prom_reused else "started"
+    _timed(echo, prom_started, f"prometheus: {verb}, pid {prom_pid}, {prom.url(settings)}, ready")
     kafka.wait_ready(settings, layout, kafka_pid)
     verb = "running already" if kafka_reused else "started"
     brokers = settings.kafka.bootstrap_servers
@@ -70,14 +79,14 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
 
 
 def down(layout: StackLayout | None = None, echo: Echo | None = print) -> None:
-    """Stop the Spark cluster, MinIO and Kafka if this layout started them (SIGTERM, deadline, SIGKILL).
-    Safe to call twice."""
+    """Stop the Spark cluster, Prometheus, MinIO and Kafka if this layout started them (SIGTERM, deadline,
+    SIGKILL). Safe to call twice."""
     layout = layout or StackLayout.default()
     started = time.monotonic()
     worker_pid, master_pid = spark_cluster.stop(layout)
     if worker_pid or master_pid:
         _timed(echo, started, f"spark: stopped worker pid {worker_pid}, master pid {master_pid}")
-    for name, stop in (("minio", minio.stop), ("kafka", kafka.stop)):
+    for name, stop in (("prometheus", prom.stop), ("minio", minio.stop), ("kafka", kafka.stop)):
         started = time.monotonic()
         pid = stop(layout)
         _timed(echo, started, f"{name}: stopped pid {pid}" if pid else f"{name}: not running")
@@ -90,6 +99,8 @@ def status(settings: Settings, layout: StackLayout | None = None) -> dict[str, A
     minio_addr = minio.address(settings)
     kafka_pid = proc.read_pid(kafka.service(layout))
     minio_pid = proc.read_pid(minio.service(layout))
+    prom_pid = proc.read_pid(prom.service(layout))
+    prom_url = prom.url(settings)
     return {
         "kafka": {
             "state": _state(kafka_pid, lambda: kafka.answers(str(kafka_addr), timeout=2.0)),
@@ -106,6 +117,13 @@ def status(settings: Settings, layout: StackLayout | None = None) -> dict[str, A
             "console": f"http://{minio_console(minio_addr)}",
             "bucket": settings.storage.bucket,
             "log": str(layout.log("minio")),
+        },
+        "prometheus": {
+            "state": _state(prom_pid, lambda: prom.answers(prom_url, timeout=2.0)),
+            "pid": prom_pid,
+            "address": prom_url,
+            "config": str(prom.config_path(layout)),
+            "log": str(layout.log("prometheus")),
         },
         **spark_cluster.status(settings, layout),
         "home": str(layout.home),

@@ -74,7 +74,7 @@ def _status(args: argparse.Namespace) -> int:
 def format_status(info: dict[str, Any]) -> str:
     """One line per service: name, state, pid, address, log (the Spark cluster's lines only once started)."""
     lines = []
-    for name in ("kafka", "minio", "spark-master", "spark-worker"):
+    for name in ("kafka", "minio", "prometheus", "spark-master", "spark-worker"):
         svc = info.get(name)
         if svc is None or (name.startswith("spark") and svc["state"] == "stopped"):
             continue
@@ -92,14 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="python -m stack",
-        description="Native local stack: Kafka (KRaft) and MinIO on loopback, optionally a Spark standalone cluster.",
+        description="Native local stack: Kafka (KRaft), MinIO and Prometheus on loopback, optionally a Spark "
+        "standalone cluster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser(
-        "install", parents=[common], help="Kafka jars and the MinIO binary, cached outside the clone"
+        "install", parents=[common], help="Kafka jars, the MinIO binary and Prometheus, cached outside the clone"
     ).set_defaults(func=_install)
     up = sub.add_parser(
-        "up", parents=[common], help="install, start Kafka and MinIO, create the bucket, keys and topic"
+        "up", parents=[common], help="install, start Kafka, MinIO and Prometheus, create the bucket, keys and topic"
     )
     up.add_argument(
         "--cluster",

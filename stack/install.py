@@ -1,4 +1,5 @@
-"""Idempotent install of what the native stack runs: Kafka broker jars (Maven) and a MinIO binary (Go).
+"""Idempotent install of what the native stack runs: Kafka broker jars (Maven), a MinIO binary (Go) and
+Prometheus + promtool (Debian's package, unpacked into the cache without installing it).
 
 Everything is cached by version outside the clone (see StackLayout.cache). Spark and Delta jars are not
 handled here: Spark resolves them itself through Ivy (spark.ivy_cache).
@@ -35,6 +36,8 @@ class Installed:
     java: Path
     kafka_libs: Path
     minio: Path
+    prometheus: Path
+    promtool: Path
 
     @property
     def kafka_classpath(self) -> str:
@@ -115,15 +118,35 @@ def find_go() -> Path:
     )
 
 
+_DEB_FIX = (
+    "it fetches Debian's prometheus package once and unpacks it into the cache without installing it. "
+    "Run this on Debian/Ubuntu (apt and dpkg are part of the base system), or install them "
+    "(`apt-get install apt dpkg`)."
+)
+
+
+def find_apt_get() -> Path:
+    """apt-get, which downloads the pinned prometheus .deb (no root needed for `apt-get download`)."""
+    return _require_tool("apt-get", f"apt-get is missing; {_DEB_FIX}")
+
+
+def find_dpkg_deb() -> Path:
+    """dpkg-deb, which unpacks the prometheus .deb."""
+    return _require_tool("dpkg-deb", f"dpkg-deb is missing; {_DEB_FIX}")
+
+
 def check_prerequisites(layout: StackLayout | None = None) -> dict[str, Path]:
-    """Check the tools the install needs, without installing anything: java always, mvn and go only
-    if their output is not cached yet. Returns the tools found by name."""
+    """Check the tools the install needs, without installing anything: java always; mvn, go, apt-get and
+    dpkg-deb only if their output is not cached yet. Returns the tools found by name."""
     layout = layout or StackLayout.default()
     tools = {"java": find_java()}
     if not _kafka_done(layout):
         tools["mvn"] = find_mvn()
     if not minio_binary(layout).exists():
         tools["go"] = find_go()
+    if not _prometheus_done(layout):
+        tools["apt-get"] = find_apt_get()
+        tools["dpkg-deb"] = find_dpkg_deb()
     return tools
 
 
@@ -243,15 +266,87 @@ def install_minio(layout: StackLayout, echo: Echo | None = print) -> Path:
     return binary
 
 
+# --- Prometheus + promtool ---------------------------------------------------------------------------
+
+APT_TIMEOUT_S = 10 * 60
+
+
+def prometheus_dir(layout: StackLayout) -> Path:
+    return layout.cache / "prometheus" / versions.PROMETHEUS_DEB_VERSION
+
+
+def prometheus_binary(layout: StackLayout) -> Path:
+    return prometheus_dir(layout) / "usr" / "bin" / "prometheus"
+
+
+def promtool_binary(layout: StackLayout) -> Path:
+    return prometheus_dir(layout) / "usr" / "bin" / "promtool"
+
+
+def _prometheus_done(layout: StackLayout) -> bool:
+    return all(os.access(b, os.X_OK) for b in (prometheus_binary(layout), promtool_binary(layout)))
+
+
+def install_prometheus(layout: StackLayout, echo: Echo | None = print) -> tuple[Path, Path]:
+    """`apt-get download` the pinned prometheus .deb and `dpkg-deb -x` it into <cache>/prometheus/<version>.
+
+    Returns (prometheus, promtool). Nothing is installed system-wide and no root is needed.
+    """
+    started = time.monotonic()
+    pinned = f"{versions.PROMETHEUS_PACKAGE}={versions.PROMETHEUS_DEB_VERSION}"
+    what = f"prometheus {versions.PROMETHEUS_DEB_VERSION}"
+    target = prometheus_dir(layout)
+    if _prometheus_done(layout):
+        _say(echo, what, "cached", started)
+        return prometheus_binary(layout), promtool_binary(layout)
+    apt_get, dpkg_deb = find_apt_get(), find_dpkg_deb()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".prometheus-", dir=target.parent))
+    tmp.chmod(0o755)  # apt's sandbox user must be able to write the .deb here
+    try:
+        run_checked(
+            [str(apt_get), "download", "-q", pinned],
+            what=f"Downloading {pinned} with apt-get",
+            fix=f"Run `apt-get update` (as root) so apt knows {pinned}, check that the Debian mirror is "
+            "reachable, then run `python -m stack install` again. If the mirror no longer serves this version, "
+            "fetch it from https://snapshot.debian.org and pin the new one in stack/versions.py.",
+            timeout=APT_TIMEOUT_S,
+            cwd=tmp,
+        )
+        debs = sorted(tmp.glob(f"{versions.PROMETHEUS_PACKAGE}_*.deb"))
+        if len(debs) != 1:
+            raise StackError(f"apt-get download {pinned} left {len(debs)} .deb files in {tmp}, expected 1. Retry.")
+        root = tmp / "root"
+        run_checked(
+            [str(dpkg_deb), "-x", str(debs[0]), str(root)],
+            what=f"Unpacking {debs[0].name} with dpkg-deb",
+            fix="The download may be truncated: run `python -m stack install` again.",
+            timeout=APT_TIMEOUT_S,
+        )
+        _replace_dir(root, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not _prometheus_done(layout):
+        raise StackError(f"{target} lacks usr/bin/prometheus or usr/bin/promtool after unpacking. Delete it and retry.")
+    _say(echo, what, "installed", started)
+    return prometheus_binary(layout), promtool_binary(layout)
+
+
 # --- all ----------------------------------------------------------------------------------------------
 
 
 def installed(layout: StackLayout | None = None) -> Installed | None:
     """The installed pieces if everything is cached already (checks only, installs nothing)."""
     layout = layout or StackLayout.default()
-    if not _kafka_done(layout) or not minio_binary(layout).exists():
+    if not _kafka_done(layout) or not minio_binary(layout).exists() or not _prometheus_done(layout):
         return None
-    return Installed(java=find_java(), kafka_libs=kafka_libs(layout), minio=minio_binary(layout))
+    return Installed(
+        java=find_java(),
+        kafka_libs=kafka_libs(layout),
+        minio=minio_binary(layout),
+        prometheus=prometheus_binary(layout),
+        promtool=promtool_binary(layout),
+    )
 
 
 def install(layout: StackLayout | None = None, echo: Echo | None = print) -> Installed:
@@ -262,4 +357,5 @@ def install(layout: StackLayout | None = None, echo: Echo | None = print) -> Ins
     _say(echo, "prerequisites", ", ".join(sorted(tools)) + " ok", started)
     libs = install_kafka(layout, echo)
     minio = install_minio(layout, echo)
-    return Installed(java=tools["java"], kafka_libs=libs, minio=minio)
+    prometheus, promtool = install_prometheus(layout, echo)
+    return Installed(java=tools["java"], kafka_libs=libs, minio=minio, prometheus=prometheus, promtool=promtool)

@@ -20,6 +20,7 @@ from typing import IO, Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from stack import api
+from stack import prometheus as prom
 from stack.layout import StackLayout
 from streaming.config import Settings, load_settings
 from streaming.errors import StackError
@@ -185,6 +186,7 @@ def run_pipeline(settings: Settings, layout: StackLayout, duration: float, rate:
             "--duration", str(duration),
             "--devices", str(devices),
             "--summary-json", str(summary_path),
+            "--metrics-port", str(prom.SIMULATOR_METRICS_PORT),  # Prometheus' sensor-sim target
             *DEMO_FAULTS,
         ]  # fmt: skip
         sim = _spawn("sensor-sim", sim_argv, layout, env)
@@ -290,7 +292,11 @@ def print_summary(
         "next:        `make status`, `.venv/bin/iotlake status`, MinIO console at "
         f"http://{settings.storage.endpoint.split('://')[-1].rsplit(':', 1)[0]}:"
         f"{int(settings.storage.endpoint.rsplit(':', 1)[1]) + 1} (root login in {settings.storage.secrets_file}), "
-        "`make down` to stop Kafka and MinIO"
+        "`make down` to stop Kafka, MinIO and Prometheus"
+    )
+    print(
+        f"prometheus:  {prom.url(settings)} (targets: {prom.url(settings)}/targets, alerts: "
+        f"{prom.url(settings)}/alerts); dashboards to import into Grafana: monitoring/grafana/dashboards/"
     )
 
 

@@ -13,6 +13,11 @@ MINIO_MODULE = "github.com/minio/minio"
 # The last upstream commit; the repository is in maintenance mode and its tags are not semver.
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 
+# Debian bookworm's package; `apt-get download` fetches the .deb and `dpkg-deb -x` unpacks it into the cache
+# (nothing is installed system-wide). The Go binaries need only glibc >= 2.34.
+PROMETHEUS_PACKAGE = "prometheus"
+PROMETHEUS_DEB_VERSION = "2.42.0+ds-5+deb12u1"
+
 # The Docker Compose CLI that checks docker-compose.yml without a Docker engine (`docker-compose config`).
 # Built from source: its go.mod has replace directives, so `go install module@version` refuses it.
 COMPOSE_MODULE = "github.com/docker/compose/v5"
@@ -32,6 +37,7 @@ VERSIONS: dict[str, str] = {
     "log4j2": LOG4J2_VERSION,
     "log4j2-slf4j-binding": LOG4J2_SLF4J_BINDING,
     "minio": MINIO_VERSION,
+    "prometheus": PROMETHEUS_DEB_VERSION,
     "compose": COMPOSE_VERSION,
     "dockerfile-lint": DOCKERFILE_LINT_VERSION,
     "java-min": str(JAVA_MIN_MAJOR),

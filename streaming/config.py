@@ -231,6 +231,17 @@ class SchemaEvolutionConfig:
 
 
 @dataclass(frozen=True)
+class MonitoringConfig:
+    prometheus_host: str = "127.0.0.1"
+    prometheus_port: int = 9090
+    scrape_interval: str = "5 seconds"
+
+    @property
+    def scrape_interval_s(self) -> float:
+        return parse_duration(self.scrape_interval, "monitoring.scrape_interval")
+
+
+@dataclass(frozen=True)
 class Settings:
     kafka: KafkaConfig = KafkaConfig()
     storage: StorageConfig = StorageConfig()
@@ -241,6 +252,7 @@ class Settings:
     validation: ValidationConfig = ValidationConfig()
     schema_evolution: SchemaEvolutionConfig = SchemaEvolutionConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
+    monitoring: MonitoringConfig = MonitoringConfig()
     source: str = ""
 
     def masked(self) -> dict[str, Any]:
@@ -324,6 +336,7 @@ _SECTIONS: dict[str, type] = {
     "validation": ValidationConfig,
     "schema_evolution": SchemaEvolutionConfig,
     "maintenance": MaintenanceConfig,
+    "monitoring": MonitoringConfig,
 }
 
 
@@ -509,6 +522,15 @@ def _validate(s: Settings) -> None:
     if not re.fullmatch(r"[1-9][0-9]*[mg]", s.spark_cluster.worker_memory):
         raise ConfigError(
             f"spark_cluster.worker_memory {s.spark_cluster.worker_memory!r} must be a size like 2g or 1536m."
+        )
+    if not 1 <= s.monitoring.prometheus_port <= 65535:
+        raise ConfigError(f"monitoring.prometheus_port must be 1..65535, got {s.monitoring.prometheus_port}.")
+    if not 1 <= s.monitoring.scrape_interval_s <= 300 or s.monitoring.scrape_interval_s != int(
+        s.monitoring.scrape_interval_s
+    ):
+        raise ConfigError(
+            f"monitoring.scrape_interval must be whole seconds between 1 second and 5 minutes, "
+            f"got {s.monitoring.scrape_interval!r}."
         )
     v = s.validation
     if v.max_future_skew_s < 0 or v.max_lateness_s <= 0:

@@ -24,6 +24,7 @@ from stack import StackLayout, down, ensure_topic, up
 from stack import kafka as stack_kafka
 from stack import proc as stack_proc
 from stack import secrets as stack_secrets_mod
+from stack.addresses import free_port
 from stack.addresses import loopback_port_free as port_free
 from stack.layout import HOME_ENV, default_cache
 from streaming.config import PROJECT_ROOT, Settings, load_settings
@@ -33,27 +34,30 @@ REUSE_ENV = "IOTLAKE_TEST_REUSE_STACK"
 REUSE_HOME = PROJECT_ROOT / "var" / "test-stack"
 
 
-def _ports(layout: StackLayout, reuse: bool) -> tuple[int, int]:
-    """Fresh free ports; with reuse, the saved ones if the stack still runs or they are still free."""
+def _ports(layout: StackLayout, reuse: bool) -> tuple[int, int, int]:
+    """Fresh free ports (kafka, minio, prometheus); with reuse, the saved ones if the stack still runs or they
+    are still free."""
     saved = layout.home / "ports.json"
     if reuse and saved.exists():
         data = json.loads(saved.read_text())
-        kafka, minio = int(data["kafka"]), int(data["minio"])
+        kafka, minio, prometheus = int(data["kafka"]), int(data["minio"]), int(data.get("prometheus", 0))
         running = stack_proc.read_pid(stack_kafka.service(layout)) is not None
-        if running or all(port_free(p) for p in (kafka, kafka + 1, minio, minio + 1)):
-            return kafka, minio
+        if prometheus and (running or all(port_free(p) for p in (kafka, kafka + 1, minio, minio + 1, prometheus))):
+            return kafka, minio, prometheus
     kafka = free_port_pair()
     minio = free_port_pair({kafka, kafka + 1})
-    saved.write_text(json.dumps({"kafka": kafka, "minio": minio}))
-    return kafka, minio
+    prometheus = free_port({kafka, kafka + 1, minio, minio + 1})
+    saved.write_text(json.dumps({"kafka": kafka, "minio": minio, "prometheus": prometheus}))
+    return kafka, minio, prometheus
 
 
-def _overrides(home: Path, kafka_port: int, minio_port: int) -> dict[str, str]:
+def _overrides(home: Path, kafka_port: int, minio_port: int, prometheus_port: int) -> dict[str, str]:
     return {
         HOME_ENV: str(home),
         "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
         "IOTLAKE_STORAGE__ENDPOINT": f"http://127.0.0.1:{minio_port}",
         "IOTLAKE_STORAGE__SECRETS_FILE": str(home / "secrets.env"),
+        "IOTLAKE_MONITORING__PROMETHEUS_PORT": str(prometheus_port),
     }
 
 
@@ -70,8 +74,7 @@ def stack_layout(tmp_path_factory: pytest.TempPathFactory) -> StackLayout:
 def stack_env(stack_layout: StackLayout) -> Iterator[dict[str, str]]:
     """Start the test stack; yield the IOTLAKE_* overrides pointing at it (writer keys included)."""
     reuse = os.environ.get(REUSE_ENV) == "1"
-    kafka_port, minio_port = _ports(stack_layout, reuse)
-    env = _overrides(stack_layout.home, kafka_port, minio_port)
+    env = _overrides(stack_layout.home, *_ports(stack_layout, reuse))
     settings = load_settings(env={**os.environ, **env})
     try:
         up(settings, stack_layout)

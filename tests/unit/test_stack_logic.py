@@ -250,12 +250,30 @@ def test_missing_mvn_and_go_are_explained_only_when_needed(monkeypatch: pytest.M
     binary.parent.mkdir(parents=True)
     binary.write_bytes(b"")
     binary.chmod(0o755)
+    with pytest.raises(StackError, match=r"apt-get is missing; .*Debian's prometheus package"):
+        stack.install.check_prerequisites(layout)
+    for tool in (stack.install.prometheus_binary(layout), stack.install.promtool_binary(layout)):
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        tool.write_bytes(b"")
+        tool.chmod(0o755)
     assert set(stack.install.check_prerequisites(layout)) == {"java"}
     lines: list[str] = []
-    installed = stack.install.install(layout, echo=lines.append)  # everything cached: no mvn, no go needed
+    installed = stack.install.install(layout, echo=lines.append)  # everything cached: no mvn, go or apt-get
     assert installed.kafka_libs == libs and installed.minio == binary
+    assert installed.promtool == stack.install.promtool_binary(layout)
     assert any("kafka 4.2.0 jars: cached" in line for line in lines)
     assert any("cached" in line and "minio" in line for line in lines)
+    assert any("prometheus 2.42.0+ds-5+deb12u1: cached" in line for line in lines)
+
+
+def test_missing_dpkg_deb_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    apt_get = tmp_path / "apt-get"
+    apt_get.write_text("#!/bin/sh\nexit 1\n")
+    apt_get.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    layout = StackLayout(home=tmp_path / "home", cache=tmp_path / "cache")
+    with pytest.raises(StackError, match=r"dpkg-deb is missing; .*python -m stack install"):
+        stack.install.install_prometheus(layout, echo=None)
 
 
 def test_versions_stamp_change_means_reinstall(tmp_path: Path) -> None:
@@ -347,11 +365,14 @@ def test_cli_status_formats_one_line_per_service() -> None:
         "kafka": {"state": "running", "pid": 10, "address": "127.0.0.1:9092", "log": "/v/logs/kafka.log"},
         "minio": {"state": "stopped", "pid": None, "address": "http://127.0.0.1:9000",
                   "console": "http://127.0.0.1:9001", "log": "/v/logs/minio.log"},
+        "prometheus": {"state": "running", "pid": 12, "address": "http://127.0.0.1:9090",
+                       "log": "/v/logs/prometheus.log"},
         "home": "/v", "cache": "/c",
     }  # fmt: skip
     lines = cli.format_status(info).splitlines()
     assert lines[0].split()[:3] == ["kafka", "running", "pid"]
     assert lines[1].split()[:3] == ["minio", "stopped", "-"]
+    assert lines[2].split()[:4] == ["prometheus", "running", "pid", "12"]
 
 
 def test_cli_picks_up_an_extension_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
