@@ -13,10 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --disable-pip-version-check -q -e '.[dev]'
 	touch $@
 
-install: $(VENV)/.installed  ## Python deps, Kafka jars, MinIO binary, Spark/Delta jars (cached outside the clone)
+install: $(VENV)/.installed  ## Python deps, Kafka jars, MinIO, Prometheus, Compose + Dockerfile linter, Spark/Delta jars, log store (cached outside the clone)
 	$(PY) -m stack install
 
-up: install                  ## start Kafka and MinIO on loopback, create bucket, keys and topic (CLUSTER=1: + Spark master/worker)
+up: install                  ## start Kafka, MinIO and Prometheus on loopback, create bucket, keys and topic (CLUSTER=1: + Spark master/worker)
 	$(PY) -m stack up$(if $(filter 1 yes true,$(CLUSTER)), --cluster)
 
 down:                        ## stop every service of the native stack
