@@ -6,9 +6,9 @@ schema, exactly as `docker compose up` would. Then every service is checked agai
 commands against the CLIs' own argparse parsers (and Spark's own usage text), environment overrides
 through the real config loader, metric ports against Prometheus' targets, mounts against the tree.
 
-Some interfaces arrive from parallel branches (`iotlake maintain`, the maintenance settings, the
-simulator's metrics endpoint, monitoring/). A check that needs one is skipped, naming it, until it exists;
-from then on it is enforced.
+Every interface the file relies on (`iotlake maintain`, the maintenance.* settings, `sensor-sim
+--metrics-port`/`--metrics-host`, monitoring/, streaming/logstore.py) is required: a missing one fails its
+test with an assertion naming it. Nothing here is skipped.
 """
 
 from __future__ import annotations
@@ -105,20 +105,6 @@ def app_services(services: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, 
     return {name: svc for name, svc in services.items() if svc["image"] == image}
 
 
-class Pending(Exception):
-    """An interface a parallel branch adds is not on this branch yet."""
-
-
-def pending(reason: str) -> None:
-    raise Pending(reason)
-
-
-def skip_if_pending(reasons: list[str]) -> None:
-    """Called after every other check ran: skip naming what is still missing."""
-    if reasons:
-        pytest.skip(f"pending: {'; '.join(reasons)} (lands from a parallel branch; enforced once it exists)")
-
-
 def settings_for(svc: Mapping[str, Any]) -> Settings:
     """The settings a container gets: the image's config file + its IOTLAKE_* environment, real loader."""
     service_env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
@@ -202,8 +188,8 @@ def test_env_example_lists_exactly_the_variables_compose_reads(compose_bin: Path
 
 def _check_iotlake(argv: list[str]) -> None:
     parser = streaming.cli.build_parser()
-    if argv and argv[0] == "maintain" and subparser(parser, "maintain") is None:
-        pending("`iotlake maintain`")
+    if argv and not argv[0].startswith("-"):
+        assert subparser(parser, argv[0]) is not None, f"streaming.cli has no `iotlake {argv[0]}` subcommand"
     parser.parse_args(argv)
 
 
@@ -211,8 +197,7 @@ def _check_sensor_sim(argv: list[str]) -> None:
     parser = sim_cli.build_parser({})
     flags = [a.split("=", 1)[0] for a in argv if a.startswith("--")]
     missing = [f for f in flags if f not in option_strings(parser)]
-    if missing == ["--metrics-port"]:
-        pending("`sensor-sim --metrics-port`")
+    assert not missing, f"producers.cli has no option {missing} (`sensor-sim {' '.join(argv)}`)"
     sim_cli.parse_config(argv, {}, now_ms=1_764_000_000_000)
 
 
@@ -224,7 +209,7 @@ def _check_stack(argv: list[str]) -> None:
 def test_every_app_command_parses_with_the_projects_own_cli(services: dict[str, dict[str, Any]]) -> None:
     scripts = PYPROJECT["project"]["scripts"]
     checks = {"iotlake": _check_iotlake, "sensor-sim": _check_sensor_sim, "python": _check_stack}
-    seen, waiting = set(), []
+    seen = set()
     for name, svc in app_services(services).items():
         for argv in (svc["command"], svc["healthcheck"].get("test", [None])[1:]):
             if not argv or argv[0] == "spark-class":
@@ -236,12 +221,11 @@ def test_every_app_command_parses_with_the_projects_own_cli(services: dict[str, 
             seen.add(program)
             try:
                 checks[program](list(argv[1:]))
-            except Pending as e:
-                waiting.append(f"{name}: {e}")
+            except AssertionError as e:
+                pytest.fail(f"{name}: {e}")
             except (SystemExit, UsageError) as e:
                 pytest.fail(f"{name}: `{' '.join(argv)}` is refused by its parser ({e!r})")
     assert seen == {"iotlake", "python", "sensor-sim"}
-    skip_if_pending(waiting)
 
 
 def _spark_usage(cls: str) -> subprocess.Popen[str]:
@@ -281,12 +265,9 @@ def test_spark_cluster_commands_use_real_classes_and_flags(services: dict[str, d
 def test_iotlake_environment_loads_through_the_real_config_loader(
     services: dict[str, dict[str, Any]], env: dict[str, str]
 ) -> None:
-    waiting = []
+    assert "maintenance" in Settings.__dataclass_fields__, "streaming.config.Settings has no maintenance section"
     for name in ("ingest", "maintain", "minio-init"):
         svc = services[name]
-        if name == "maintain" and "maintenance" not in Settings.__dataclass_fields__:
-            waiting.append("the maintenance.* settings")
-            continue
         settings = settings_for(svc)
         assert settings.storage.endpoint == "http://minio:9000"
         if name == "minio-init":
@@ -298,7 +279,6 @@ def test_iotlake_environment_loads_through_the_real_config_loader(
         assert settings.storage.access_key == env[sec.WRITER_ACCESS_KEY]
         assert settings.storage.secret_key == env[sec.WRITER_SECRET_KEY]
         assert env[sec.ROOT_PASSWORD] not in json.dumps(svc["environment"])
-    skip_if_pending(waiting)
 
 
 def test_ingest_settings_match_its_volume_healthcheck_and_cluster_wiring(services: dict[str, dict[str, Any]]) -> None:
@@ -322,15 +302,13 @@ def test_minio_init_gets_exactly_the_bootstrap_secrets(
 def test_other_variables_are_ones_the_programs_read(services: dict[str, dict[str, Any]]) -> None:
     """Non-IOTLAKE_* variables of app services: MinIO bootstrap names or sensor-sim's [env: ...] fallbacks."""
     sim_envs = {sim_cli.env_name(flag) for flag in option_strings(sim_cli.build_parser({})) if flag.startswith("--")}
-    waiting = []
     for name, svc in app_services(services).items():
         for key in svc.get("environment") or {}:
             if key.startswith("IOTLAKE_") or key in sec.NAMES:
                 continue
             assert key.startswith("SENSOR_SIM_"), f"{name}: {key} is read by no program"
-            if key not in sim_envs:
-                waiting.append(f"sensor-sim's {key} ({'--' + key[len('SENSOR_SIM_') :].lower().replace('_', '-')})")
-    skip_if_pending(waiting)
+            flag = "--" + key[len("SENSOR_SIM_") :].lower().replace("_", "-")
+            assert key in sim_envs, f"{name}: {key} is read by no program (sensor-sim has no {flag} option)"
 
 
 def test_kafka_addresses_agree(services: dict[str, dict[str, Any]], env: dict[str, str]) -> None:
@@ -476,7 +454,6 @@ def test_render_env_refuses_a_template_missing_a_generated_name() -> None:
 
 
 def test_every_mounted_host_path_exists(services: dict[str, dict[str, Any]]) -> None:
-    monitoring_ready = (ROOT / "monitoring" / "prometheus.yml").exists()
     missing = []
     for name, svc in services.items():
         for volume in svc.get("volumes") or []:
@@ -486,8 +463,6 @@ def test_every_mounted_host_path_exists(services: dict[str, dict[str, Any]]) -> 
             assert source.is_relative_to(ROOT), f"{name} mounts {source}, outside the project"
             if not source.exists():
                 missing.append(str(source.relative_to(ROOT)))
-    if missing and not monitoring_ready and all(m.startswith("monitoring/") for m in missing):
-        skip_if_pending([f"monitoring/ ({', '.join(missing)})"])
     assert not missing, f"mounted but missing (Docker would create empty directories): {missing}"
 
 
@@ -495,8 +470,7 @@ def test_prometheus_targets_match_service_names_and_metric_ports(services: dict[
     mounts = {v["target"]: Path(v["source"]) for v in services["prometheus"]["volumes"] if v["type"] == "bind"}
     targets_dir = mounts["/etc/prometheus/targets"]
     config_path = mounts["/etc/prometheus/prometheus.yml"]
-    if not config_path.exists():
-        skip_if_pending(["monitoring/prometheus.yml"])
+    assert config_path.exists(), f"prometheus mounts {config_path}, which does not exist"
     config = yaml.safe_load(config_path.read_text())
     files = {f for job in config["scrape_configs"] for sd in job.get("file_sd_configs", []) for f in sd["files"]}
     for name, (port, target_file) in METRICS.items():
@@ -506,10 +480,9 @@ def test_prometheus_targets_match_service_names_and_metric_ports(services: dict[
         assert url_port(healthcheck_url(services[name])) == port
     sim = services["simulator"]["command"]
     assert int(sim[sim.index("--metrics-port") + 1]) == METRICS["simulator"][0]
-    if "maintenance" in Settings.__dataclass_fields__:
-        maintenance: Any = getattr(settings_for(services["maintain"]), "maintenance")  # noqa: B009
-        assert maintenance.metrics_port == METRICS["maintain"][0]
-        assert maintenance.metrics_host == "0.0.0.0"
+    maintenance = settings_for(services["maintain"]).maintenance
+    assert maintenance.metrics_port == METRICS["maintain"][0]
+    assert maintenance.metrics_host == "0.0.0.0"
     rules = list(config.get("rule_files", []))
     assert all(r.startswith("rules/") for r in rules) and "/etc/prometheus/rules" in mounts
 
@@ -517,8 +490,7 @@ def test_prometheus_targets_match_service_names_and_metric_ports(services: dict[
 def test_grafana_provisioning_points_at_the_compose_prometheus(services: dict[str, dict[str, Any]]) -> None:
     mounts = {v["target"]: Path(v["source"]) for v in services["grafana"]["volumes"] if v["type"] == "bind"}
     provisioning = mounts["/etc/grafana/provisioning"]
-    if not provisioning.exists():
-        skip_if_pending(["monitoring/grafana/provisioning"])
+    assert provisioning.exists(), f"grafana mounts {provisioning}, which does not exist"
     datasources = [yaml.safe_load(p.read_text()) for p in sorted((provisioning / "datasources").glob("*.y*ml"))]
     urls = {ds["url"] for doc in datasources for ds in doc.get("datasources", [])}
     assert urls == {"http://prometheus:9090"}
@@ -561,10 +533,11 @@ def test_dockerfile_bakes_the_jars_and_runs_unprivileged() -> None:
     assert re.search(r"^HEALTHCHECK .*\n?.*stack\", \"probe\"", text, re.MULTILINE)
     assert text.count("IOTLAKE_CACHE=/opt/iotlake/cache") == 2, "the log store jar is found where it was built"
     assert "ARG WITH_LOGSTORE=auto" in text
-    if (ROOT / "streaming" / "logstore.py").exists():  # the build step calls these by name
-        from streaming import logstore
+    from streaming import logstore  # the build step calls it by name
 
-        assert callable(getattr(logstore, "ensure_jar", None)), "Dockerfile builds the jar with ensure_jar()"
+    assert callable(getattr(logstore, "ensure_jar", None)), (
+        "Dockerfile builds the jar with streaming.logstore.ensure_jar()"
+    )
     for name in ("secret", "password"):
         assert not re.search(rf"^(ENV|ARG) .*{name}", text, re.IGNORECASE | re.MULTILINE)
     copied = re.findall(r"^COPY (?!--from)(\S+) ", text, re.MULTILINE)
