@@ -51,15 +51,13 @@ RUN python -m streaming.session
 
 # The put-if-absent Delta log store (streaming/logstore.py: two writer processes per table are safe with it).
 # Its jar is compiled here, with the JDK, into $IOTLAKE_CACHE/jars, where streaming.session looks for it: the
-# runtime stage has no javac. WITH_LOGSTORE=auto builds it when streaming/logstore.py exists, true insists,
-# false skips (then set storage.log_store=single_driver and keep one writer per table).
-ARG WITH_LOGSTORE=auto
+# runtime stage has no javac. WITH_LOGSTORE=false skips it (then set storage.log_store=single_driver and keep
+# one writer per table).
+ARG WITH_LOGSTORE=true
 RUN case "$WITH_LOGSTORE" in \
       false) echo "log store jar: skipped (WITH_LOGSTORE=false)" ;; \
-      auto|true) if [ "$WITH_LOGSTORE" = true ] || [ -f streaming/logstore.py ]; then \
-          python -c "from streaming.config import load_settings; from streaming.logstore import ensure_jar; print('log store jar:', ensure_jar(load_settings())[0])"; \
-        else echo "log store jar: skipped (no streaming/logstore.py)"; fi ;; \
-      *) echo "WITH_LOGSTORE must be auto, true or false" >&2; exit 1 ;; \
+      true) python -c "from streaming.config import load_settings; from streaming.logstore import ensure_jar; print('log store jar:', ensure_jar(load_settings())[0])" ;; \
+      *) echo "WITH_LOGSTORE must be true or false" >&2; exit 1 ;; \
     esac
 
 # ---- runtime: the same Python, a JRE, the venv, the jars, non-root ---------------------------------------

@@ -532,7 +532,7 @@ def test_dockerfile_bakes_the_jars_and_runs_unprivileged() -> None:
     assert re.search(r"^USER iotlake$", text, re.MULTILINE)
     assert re.search(r"^HEALTHCHECK .*\n?.*stack\", \"probe\"", text, re.MULTILINE)
     assert text.count("IOTLAKE_CACHE=/opt/iotlake/cache") == 2, "the log store jar is found where it was built"
-    assert "ARG WITH_LOGSTORE=auto" in text
+    assert "ARG WITH_LOGSTORE=true" in text
     from streaming import logstore  # the build step calls it by name
 
     assert callable(getattr(logstore, "ensure_jar", None)), (
