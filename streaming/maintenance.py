@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 HISTORY_COMMITS = 500
 OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
 OPTIMIZE_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
+# VACUUM START / VACUUM END commits in the table's history: the "last VACUUM" the next cycle reads.
+VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,8 @@ class Maintainer:
         self._commits: dict[str, tuple[Commit, ...]] = {}
         spark.conf.set(OPTIMIZE_MAX_FILE_SIZE, str(m.target_file_bytes))
         spark.conf.set(OPTIMIZE_MIN_FILE_SIZE, str(m.small_file_bytes))
+        spark.conf.set(VACUUM_LOGGING, "true")
+        self._vacuumed_ms: dict[str, int] = {}  # also known without the history (e.g. logging turned off)
 
     # --- tables ---
 
@@ -315,6 +319,7 @@ class Maintainer:
         self.metrics.vacuum_files.labels(spec.name).inc(files)
         self.metrics.vacuum_bytes.labels(spec.name).inc(size)
         self.metrics.last_success.labels(spec.name, "vacuum").set(self.clock())
+        self._vacuumed_ms[spec.name] = int(self.clock() * 1000)
         took = round(time.monotonic() - started, 3)
         log.info("vacuum %s: deleted %d files (%.1f MiB) in %.1fs", spec.name, files, size / 2**20, took)
         return VacuumResult(spec.name, retention, "ok", files, size, took)
@@ -342,7 +347,8 @@ class Maintainer:
                 report.optimized.append(result)
                 if result.outcome == "conflict":
                     break  # this table waits out its backoff; the other tables go on
-            due = vacuum_due(health.last_vacuum_ms, int(now * 1000), self.settings.maintenance.vacuum_interval_s)
+            last_vacuum = max(health.last_vacuum_ms or 0, self._vacuumed_ms.get(spec.name, 0)) or None
+            due = vacuum_due(last_vacuum, int(now * 1000), self.settings.maintenance.vacuum_interval_s)
             if vacuum and due and self.backoff.waiting(spec.name) == 0:
                 try:
                     report.vacuumed.append(self.vacuum(spec))

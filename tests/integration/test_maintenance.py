@@ -134,6 +134,8 @@ def test_vacuum_below_retention_is_refused_and_with_retention_runs(spark: SparkS
         maintainer.vacuum(settings.tables.readings, retention_s=3600)
     result = maintainer.vacuum(settings.tables.readings)
     assert result.outcome == "ok" and result.retention_s == 7 * 86400
+    health = maintainer.measure(settings.tables.readings)
+    assert health is not None and health.last_vacuum_ms is not None, "VACUUM END is in the table's history"
     assert (
         metrics.registry.get_sample_value("iot_maintenance_runs_total", {"table": "readings", "operation": "vacuum"})
         == 1
@@ -232,6 +234,8 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
     assert ingest["iot_ingest_query_up"] == 1 and ingest["iot_ingest_batches_total"] > 5
     assert _sum(maintain, "iot_maintenance_files_compacted_total") > 0, "the sidecar never compacted"
     assert _sum(maintain, "iot_maintenance_failures_total") == 0, (tmp_path / "maintain.log").read_text()[-6000:]
+    for table in ("readings", "device_state", "quarantine"):  # due once a day: once in this run, not every cycle
+        assert maintain[f'iot_maintenance_runs_total{{operation="vacuum",table="{table}"}}'] == 1, table
     readings = read_table(settings, "readings", stack_secrets)
     assert len({r["event_id"] for r in readings}) == len(readings) == sum(s["valid_distinct"] for s in summaries)
     # Every metric the sidecar names is exported, with a plausible value.
