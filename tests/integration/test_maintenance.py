@@ -235,7 +235,7 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
     assert _sum(maintain, "iot_maintenance_files_compacted_total") > 0, "the sidecar never compacted"
     assert _sum(maintain, "iot_maintenance_failures_total") == 0, (tmp_path / "maintain.log").read_text()[-6000:]
     for table in ("readings", "device_state", "quarantine"):  # due once a day: once in this run, not every cycle
-        assert maintain[f'iot_maintenance_runs_total{{operation="vacuum",table="{table}"}}'] == 1, table
+        assert maintain[f'iot_maintenance_runs_total{{table="{table}",operation="vacuum"}}'] == 1, table
     readings = read_table(settings, "readings", stack_secrets)
     assert len({r["event_id"] for r in readings}) == len(readings) == sum(s["valid_distinct"] for s in summaries)
     # Every metric the sidecar names is exported, with a plausible value.
