@@ -256,7 +256,9 @@ class Maintainer:
         result = OptimizeResult(
             **base,
             outcome="ok",
-            files_after=files_before - removed + added,
+            # The stream may have added files to the partition since it was measured, and OPTIMIZE may have
+            # compacted those too: what is left is the untouched files plus what OPTIMIZE wrote.
+            files_after=max(files_before - removed, 0) + added,
             files_removed=removed,
             files_added=added,
             bytes_rewritten=rewritten,
@@ -355,6 +357,9 @@ class Maintainer:
                 except ConfigError as e:  # refused by the safety checks: say why, try again next cycle
                     log.warning("%s", e)
                     report.skipped[f"{spec.name} vacuum"] = str(e)
+            acted = [r for r in (*report.optimized, *report.vacuumed) if r.table == spec.name and r.outcome == "ok"]
+            if acted:
+                self.measure(spec)  # the health metrics show this cycle's work now, not one interval later
         self.metrics.cycles.inc()
         return report
 
