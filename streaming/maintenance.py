@@ -357,8 +357,10 @@ class Maintainer:
                 except ConfigError as e:  # refused by the safety checks: say why, try again next cycle
                     log.warning("%s", e)
                     report.skipped[f"{spec.name} vacuum"] = str(e)
-            acted = [r for r in (*report.optimized, *report.vacuumed) if r.table == spec.name and r.outcome == "ok"]
-            if acted:
+            outcomes = [(r.table, r.outcome) for r in report.optimized] + [
+                (r.table, r.outcome) for r in report.vacuumed
+            ]
+            if (spec.name, "ok") in outcomes:
                 self.measure(spec)  # the health metrics show this cycle's work now, not one interval later
         self.metrics.cycles.inc()
         return report

@@ -155,9 +155,12 @@ def test_iotlake_vacuum_below_retention_exits_2_naming_the_fix(test_env: dict[st
 
 
 def _scrape(port: int) -> dict[str, float]:
-    """Samples of a /metrics endpoint: 'name{labels}' -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+    """Samples of a /metrics endpoint: 'name{labels}' -> value ({} while nothing answers yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
