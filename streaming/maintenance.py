@@ -393,26 +393,17 @@ def manual_tasks(health: TableHealth, partition: date | None) -> list[Compaction
     return tasks
 
 
-def run(
-    settings: Settings,
-    once: bool = False,
-    metrics: MaintenanceMetrics | None = None,
-    session: Callable[[], SparkSession] | None = None,
-    on_cycle: Callable[[CycleReport], None] | None = None,
-) -> list[CycleReport]:
+def run(settings: Settings, once: bool = False, on_cycle: Callable[[CycleReport], None] | None = None) -> None:
     """The sidecar loop: a cycle every maintenance.interval until SIGINT/SIGTERM (or one with once)."""
     from streaming.logstore import check_writers_safe
     from streaming.session import build_session
 
     check_writers_safe(settings, "maintain")
-    metrics = metrics or MaintenanceMetrics()
+    metrics = MaintenanceMetrics()
     metrics.serve(settings.maintenance.metrics_host, settings.maintenance.metrics_port)
-    spark = (session or (lambda: build_session(settings, app_name="iotlake-maintain")))()
+    spark = build_session(settings, app_name="iotlake-maintain")
     stop = threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    reports: list[CycleReport] = []
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         maintainer = Maintainer(spark, settings, metrics)
         metrics.up.set(1)
@@ -426,16 +417,13 @@ def run(
                 log.error("maintenance cycle failed: %s", str(e).splitlines()[0][:500])
                 metrics.failures.labels("*", "cycle").inc()
             else:
-                reports.append(report)
                 if on_cycle is not None:
                     on_cycle(report)
             if once:
                 break
             stop.wait(max(settings.maintenance.interval_s - (time.monotonic() - started), 0.0))
-        return reports
     finally:
         metrics.up.set(0)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if session is None:
-            spark.stop()
+        spark.stop()
