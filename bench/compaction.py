@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.job import Proc, ingest_argv, run_sim, sim_argv
 from bench.stack import BenchStack
-from bench.stats import median, parse_batch_lines, steady_rate
+from bench.stats import BatchLine, median, parse_batch_lines, steady_rate
 from streaming.config import load_settings
 from streaming.maintenance import Maintainer
 from streaming.metrics import MaintenanceMetrics
@@ -83,7 +83,8 @@ def _query(spark: Any, uri: str, device: str, day: date, runs: int) -> dict[str,
     }
 
 
-def _ingest(stack: BenchStack, env: dict[str, str], workdir: Path, name: str, params: CompactionParams) -> float | None:
+def _ingest(env: dict[str, str], workdir: Path, name: str, params: CompactionParams) -> list[BatchLine]:
+    """`iotlake ingest --available-now` on the preloaded topic; its batch lines."""
     log = workdir / f"{name}.log"
     proc = Proc.spawn(name, ingest_argv(available_now=True), env, log)
     try:
@@ -92,7 +93,18 @@ def _ingest(stack: BenchStack, env: dict[str, str], workdir: Path, name: str, pa
         proc.stop()
     if code != 0:
         raise RuntimeError(f"{name} exited {code}:\n{proc.tail()}")
-    return steady_rate(parse_batch_lines(log.read_text()), skip=1)
+    return parse_batch_lines(log.read_text())
+
+
+def window_rate(batches: list[BatchLine], start: datetime, end: datetime) -> float | None:
+    """Messages per second of the batches that ended inside [start, end], from the end of the batch
+    before the first of them (None: fewer than one batch inside, or no batch before it)."""
+    inside = [i for i, b in enumerate(batches) if start <= b.logged_at <= end]
+    if not inside or inside[0] == 0:
+        return None
+    first, last = inside[0], inside[-1]
+    window = (batches[last].logged_at - batches[first - 1].logged_at).total_seconds()
+    return sum(b.messages for b in batches[first : last + 1]) / window if window > 0 else None
 
 
 def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, echo: Any = print) -> dict[str, Any]:
@@ -140,30 +152,35 @@ def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, e
         }
 
         # Ingest alone, then ingest while the other table's closed partition is compacted.
-        alone = _ingest(stack, envs["alone"], workdir, "ingest-alone", params)
+        alone = steady_rate(_ingest(envs["alone"], workdir, "ingest-alone", params), skip=1)
         during_settings = settings["during"]
-        window: dict[str, float] = {}
+        window: dict[str, Any] = {}
 
         def compact() -> None:
-            window["start"] = time.monotonic()
-            cycle = Maintainer(spark, during_settings, MaintenanceMetrics()).cycle(vacuum=False)
-            window["end"] = time.monotonic()
-            result["concurrent_cycle"] = cycle.to_dict()
+            window["start"] = datetime.now()
+            try:
+                result["concurrent_cycle"] = (
+                    Maintainer(spark, during_settings, MaintenanceMetrics()).cycle(vacuum=False).to_dict()
+                )
+            except Exception as e:  # re-raised below, after the ingest run
+                window["error"] = e
+            window["end"] = datetime.now()
 
         compacting = threading.Thread(target=compact)
-        ingest_started = time.monotonic()
         compacting.start()
-        during = _ingest(stack, envs["during"], workdir, "ingest-during", params)
-        ingest_s = time.monotonic() - ingest_started
+        batches = _ingest(envs["during"], workdir, "ingest-during", params)
         compacting.join()
+        if "error" in window:
+            raise window["error"]
+        during = window_rate(batches, window["start"], window["end"])
         result["ingest"] = {
-            "during_run_s": round(ingest_s, 1),
-            "compaction_s": round(window.get("end", 0.0) - window.get("start", 0.0), 1),
+            "compaction_s": round((window["end"] - window["start"]).total_seconds(), 1),
+            "batches_during_compaction": sum(window["start"] <= b.logged_at <= window["end"] for b in batches),
             "alone_events_per_s": round(alone or 0.0),
-            "during_compaction_events_per_s": round(during or 0.0),
+            "during_compaction_events_per_s": round(during) if during else None,
             "drop_pct": round(100 * (1 - during / alone), 1) if alone and during else None,
         }
-        echo(f"compaction: ingest alone {alone or 0:.0f}/s, during compaction {during or 0:.0f}/s")
+        echo(f"compaction: ingest alone {alone or 0:.0f}/s, while compacting {during or 0:.0f}/s")
     finally:
         spark.stop()
     return result

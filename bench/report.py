@@ -92,7 +92,7 @@ def fmt(value: Any, unit: str) -> str:
     if isinstance(value, float | int):
         if unit in ("msgs/s", "events/s"):
             return f"{value:,.0f} {unit}"
-        return f"{value:.2f} {unit}" if unit != "x" else f"{value:.2f}x"
+        return f"{value:.2f} {unit}" if unit != "x" else f"{value:.3g}x"
     return str(value)
 
 

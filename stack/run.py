@@ -24,7 +24,8 @@ from stack import prometheus as prom
 from stack.layout import StackLayout
 from streaming.config import Settings, load_settings
 from streaming.errors import StackError
-from streaming.status import delta_rs_uri, delta_storage_options, stream_status, table_status
+from streaming.lakelog import open_table
+from streaming.status import stream_status, table_status
 
 REFRESH_S = 2.0
 INGEST_START_TIMEOUT_S = 300.0
@@ -88,16 +89,12 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def _table_versions(settings: Settings) -> dict[str, int | None]:
-    from deltalake import DeltaTable
-
+    """Each table's version (None: not created yet)."""
     out: dict[str, int | None] = {}
     t = settings.tables
     for spec in (t.readings, t.device_state, t.quarantine):
-        try:
-            uri = delta_rs_uri(settings.storage.table_uri(spec.name))
-            out[spec.name] = DeltaTable(uri, storage_options=delta_storage_options(settings)).version()
-        except Exception:
-            out[spec.name] = None
+        table = open_table(settings, settings.storage.table_uri(spec.name))
+        out[spec.name] = None if table is None else table.version()
     return out
 
 
@@ -145,12 +142,8 @@ def _sidecar_url(settings: Settings) -> str:
 
 
 def _quarantine_by_reason(settings: Settings) -> Counter[str]:
-    from deltalake import DeltaTable
-
-    uri = delta_rs_uri(settings.storage.table_uri(settings.tables.quarantine.name))
-    try:
-        table = DeltaTable(uri, storage_options=delta_storage_options(settings))
-    except Exception:
+    table = open_table(settings, settings.storage.table_uri(settings.tables.quarantine.name))
+    if table is None:
         return Counter()
     return Counter(table.to_pyarrow_table(columns=["reason"]).column("reason").to_pylist())
 
@@ -227,14 +220,18 @@ def _final_compaction(settings: Settings, layout: StackLayout, env: dict[str, st
     print("stream stopped; compacting the tables once (iotlake optimize) ...", flush=True)
     log = layout.logs / "optimize.log"
     with log.open("wb") as handle:
-        done = subprocess.run(
-            [sys.executable, "-m", "streaming.cli", "optimize", "--json"],
-            stdout=subprocess.PIPE,
-            stderr=handle,
-            env=env,
-            timeout=900,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "streaming.cli", "optimize", "--json"],
+                stdout=subprocess.PIPE,
+                stderr=handle,
+                env=env,
+                timeout=900,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            print(f"optimize did not finish within 900 s; see {log}", file=sys.stderr)
+            return None
     try:
         results: list[dict[str, Any]] = json.loads(done.stdout or b"[]")
     except ValueError:

@@ -12,7 +12,7 @@ from datetime import date
 from typing import Any
 
 from streaming.config import DEFAULT_CONFIG_PATH, Settings, load_settings
-from streaming.errors import IotLakeError
+from streaming.errors import IotLakeError, first_line
 from streaming.ops import OPS_COMMANDS, add_ops_parsers
 
 
@@ -82,6 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # not one we foresaw: one line here, the full trace with -v
+        if args.verbose:
+            raise
+        print(
+            f"iotlake: error: `iotlake {args.command}` failed: {first_line(e)}\n"
+            "Run it again with -v for the full trace; `iotlake status` shows whether the stack and tables answer.",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:
@@ -138,9 +147,11 @@ def _one_off(settings: Settings) -> Any:
     """A Maintainer on its own session, for `optimize` / `vacuum` (a second writer, like the sidecar)."""
     from streaming.logstore import check_writers_safe
     from streaming.maintenance import Maintainer
+    from streaming.preflight import check_storage
     from streaming.session import build_session
 
     check_writers_safe(settings, "maintain")
+    check_storage(settings)
     return Maintainer(build_session(settings, app_name="iotlake-maintain"), settings)
 
 
@@ -152,10 +163,8 @@ def _optimize(settings: Settings, args: argparse.Namespace) -> int:
     try:
         for spec in table_specs(settings, args.table):
             health = maintainer.measure(spec)
-            if health is None:
-                continue
-            for task in manual_tasks(health, args.partition):
-                results.append(maintainer.optimize(spec, task, task.files))
+            if health is not None:
+                results.extend(maintainer.compact(spec, health, manual_tasks(health, args.partition)))
     finally:
         maintainer.spark.stop()
     if args.json:

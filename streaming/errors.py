@@ -67,3 +67,11 @@ class ConfirmationRequiredError(TableOpsError):
 
 class ConcurrentWriteError(TableOpsError):
     """Another writer (the stream, the sidecar) committed a conflicting change first."""
+
+
+def first_line(error: BaseException | str, limit: int = 500) -> str:
+    """The first line of an error's text (its class name when empty), cut to `limit` characters."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__ if isinstance(error, BaseException) else ""
+    return text.splitlines()[0][:limit]

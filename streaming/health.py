@@ -189,19 +189,11 @@ def retain(commits: Iterable[Commit], interval_s: float, now_ms: int) -> tuple[C
     return tuple(c for c in ordered if c.version in keep)
 
 
-def reclaimable(
-    objects: Iterable[StoredObject], live: Iterable[str], retention_s: float, now_ms: int
-) -> tuple[int, int]:
-    """(files, bytes) a VACUUM with this retention would delete now: data files no snapshot file
-    references, older than the retention. The log (`_delta_log/`) is never vacuumed."""
-    live_paths = set(live)
-    horizon = now_ms - int(retention_s * 1000)
-    gone = [
-        o
-        for o in objects
-        if not o.path.startswith("_delta_log/") and o.path not in live_paths and o.modified_ms < horizon
-    ]
-    return len(gone), sum(o.size for o in gone)
+def reclaimable(objects: Iterable[StoredObject], vacuumable: Iterable[str]) -> tuple[int, int]:
+    """(files, bytes) of the paths a VACUUM would delete now (its dry run), sized from the listing."""
+    sizes = {o.path: o.size for o in objects}
+    paths = set(vacuumable)
+    return len(paths), sum(sizes.get(p, 0) for p in paths)
 
 
 def latest_checkpoint_ms(objects: Iterable[StoredObject]) -> int | None:
@@ -217,13 +209,13 @@ def table_health(
     commits: Sequence[Commit],
     objects: Sequence[StoredObject],
     *,
+    vacuumable: Iterable[str],
     small_file_bytes: int,
-    retention_s: float,
     interval_s: float,
     now_ms: int,
 ) -> TableHealth:
-    """Everything the table-health metrics export, from one read of the log and one listing."""
-    files_reclaimable, bytes_reclaimable = reclaimable(objects, (f.path for f in files), retention_s, now_ms)
+    """Everything the table-health metrics export, from one read of the log, one listing and VACUUM's dry run."""
+    files_reclaimable, bytes_reclaimable = reclaimable(objects, vacuumable)
     since = now_ms - int(interval_s * 1000)
     return TableHealth(
         table=table,
@@ -301,17 +293,17 @@ def vacuum_due(last_vacuum_ms: int | None, now_ms: int, vacuum_interval_s: float
 
 
 def check_vacuum_retention(
-    table: str, retention_s: float, table_retention_s: float, stream_lag_s: float | None, safety_check: bool = True
+    table: str, retention_s: float, table_retention_s: float, stream_lag_s: float | None
 ) -> None:
     """Refuse a VACUUM that could delete files a reader or the stream still needs.
 
-    - below the table's delta.deletedFileRetentionDuration (Delta's own safety check), unless the check is off;
+    - below the table's delta.deletedFileRetentionDuration (Delta's own safety check);
     - at or below the stream's checkpoint lag (time since its last committed batch): a batch replayed after a
       restart re-reads the snapshot of that time, and its files must still exist.
     """
     if retention_s <= 0:
         raise ConfigError(f"VACUUM {table}: retention must be > 0, got {retention_s:g} s.")
-    if safety_check and retention_s < table_retention_s:
+    if retention_s < table_retention_s:
         raise ConfigError(
             f"VACUUM {table}: retention {_human(retention_s)} is below the table's deleted-file retention "
             f"({_human(table_retention_s)}), Delta's safety check. Readers and time travel within that window "

@@ -19,14 +19,12 @@ from streaming.status import delta_rs_uri, delta_storage_options
 
 @dataclass(frozen=True)
 class TableLog:
-    """One read of a table: its version, live files, partition columns, properties and recent commits."""
+    """One read of a table: its version, live files, recent commits, and what VACUUM would delete now."""
 
-    uri: str
     version: int
     files: tuple[DataFile, ...]
     commits: tuple[Commit, ...]
-    partition_columns: tuple[str, ...]
-    properties: dict[str, str]
+    vacuumable: tuple[str, ...]
 
 
 def open_table(settings: Settings, uri: str) -> Any | None:
@@ -40,9 +38,12 @@ def open_table(settings: Settings, uri: str) -> Any | None:
         return None
 
 
-def read_table(settings: Settings, uri: str, history: int, since_version: int | None = None) -> TableLog | None:
+def read_table(
+    settings: Settings, uri: str, history: int, retention_s: float, since_version: int | None = None
+) -> TableLog | None:
     """Snapshot files and the newest commits of the table at uri: at most `history` of them, and only those
-    after `since_version` when given (one JSON file read per commit). None: the table isn't created yet."""
+    after `since_version` when given (one JSON file read per commit); and the paths a VACUUM with this
+    retention would delete (delta-rs dry run, untracked files included). None: the table isn't created yet."""
     table = open_table(settings, uri)
     if table is None:
         return None
@@ -50,6 +51,9 @@ def read_table(settings: Settings, uri: str, history: int, since_version: int | 
     if since_version is not None:
         history = min(history, max(version - since_version, 0))
     columns = tuple(table.metadata().partition_columns)
+    vacuumable = table.vacuum(
+        retention_hours=int(retention_s // 3600), dry_run=True, enforce_retention_duration=False, full=True
+    )
     actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     files = tuple(
         DataFile(
@@ -62,14 +66,7 @@ def read_table(settings: Settings, uri: str, history: int, since_version: int | 
         for i, path in enumerate(actions.get("path", []))
     )
     commits = tuple(_commit(entry) for entry in table.history(history) if "version" in entry) if history else ()
-    return TableLog(
-        uri=uri,
-        version=version,
-        files=files,
-        commits=commits,
-        partition_columns=columns,
-        properties=dict(table.metadata().configuration),
-    )
+    return TableLog(version=version, files=files, commits=commits, vacuumable=tuple(vacuumable))
 
 
 def _commit(entry: dict[str, Any]) -> Commit:

@@ -20,9 +20,10 @@ from pathlib import Path
 from streaming.config import Settings, resolve_path
 from streaming.errors import ConfigError, JavaMissingError, StackError
 
+# Spark 4.2's Hadoop: hadoop-aws for S3A (session.EXTRA_PACKAGES) and the classpath the log store compiles on.
+HADOOP_VERSION = "3.5.0"
 LOG_STORE_CLASS = "io.iotlake.storage.PutIfAbsentLogStore"
 SOURCE = Path(__file__).resolve().parent / "jvm" / "io" / "iotlake" / "storage" / "PutIfAbsentLogStore.java"
-HADOOP_VERSION = "3.5.0"
 JAVAC_TIMEOUT_S = 300
 ROLES = ("ingest", "maintain", "ops")
 

@@ -14,14 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from streaming.config import Settings, TableConfig, parse_duration
-from streaming.errors import ConfigError, IotLakeError
+from streaming.errors import ConfigError, IotLakeError, first_line
 from streaming.health import (
     UNPARTITIONED,
     Commit,
@@ -43,7 +43,9 @@ from streaming.tables import is_conflict
 
 log = logging.getLogger(__name__)
 
-# Commits read per table and cycle: enough to see the last OPTIMIZE/VACUUM on a busy table.
+# Commits the first measurement of a table reads (later ones read only new commits). On a busy table this
+# may not reach back to the last OPTIMIZE/VACUUM: their ages stay NaN until the sidecar runs one, and a
+# table whose last VACUUM isn't seen counts as due.
 HISTORY_COMMITS = 500
 OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
 OPTIMIZE_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
@@ -190,7 +192,7 @@ class Maintainer:
         The first measurement reads the newest HISTORY_COMMITS commits, later ones only the commits since.
         """
         seen = self._seen_version.get(spec.name)
-        table_log = read_table(self.settings, self.uri(spec), HISTORY_COMMITS, since_version=seen)
+        table_log = read_table(self.settings, self.uri(spec), HISTORY_COMMITS, self.retention_s, since_version=seen)
         if table_log is None:
             return None
         now_ms = int(self.clock() * 1000)
@@ -204,8 +206,8 @@ class Maintainer:
             table_log.files,
             commits,
             objects,
+            vacuumable=table_log.vacuumable,
             small_file_bytes=self.settings.maintenance.small_file_bytes,
-            retention_s=self.retention_s,
             interval_s=interval_s,
             now_ms=now_ms,
         )
@@ -256,9 +258,7 @@ class Maintainer:
         result = OptimizeResult(
             **base,
             outcome="ok",
-            # The stream may have added files to the partition since it was measured, and OPTIMIZE may have
-            # compacted those too: what is left is the untouched files plus what OPTIMIZE wrote.
-            files_after=max(files_before - removed, 0) + added,
+            files_after=max(files_before - removed, 0) + added,  # compact() replaces it with the measured count
             files_removed=removed,
             files_added=added,
             bytes_rewritten=rewritten,
@@ -283,7 +283,7 @@ class Maintainer:
         conflict = is_conflict(error)
         counter = self.metrics.conflicts if conflict else self.metrics.failures
         counter.labels(spec.name, "optimize").inc()
-        text = str(error).splitlines()[0][:500] if str(error) else type(error).__name__
+        text = first_line(error)
         if conflict:
             wait = self.backoff.conflict(spec.name)
             log.warning("optimize %s %s: write conflict, retry in %.0fs: %s", spec.name, task.partition, wait, text)
@@ -312,8 +312,12 @@ class Maintainer:
         except Exception as e:  # counted and reported; the loop goes on
             conflict = is_conflict(e)
             (self.metrics.conflicts if conflict else self.metrics.failures).labels(spec.name, "vacuum").inc()
-            text = str(e).splitlines()[0][:500]
-            log.error("vacuum %s failed: %s", spec.name, text)
+            text = first_line(e)
+            if conflict:
+                wait = self.backoff.conflict(spec.name)
+                log.warning("vacuum %s: write conflict, retry in %.0fs: %s", spec.name, wait, text)
+            else:
+                log.error("vacuum %s failed: %s", spec.name, text)
             return VacuumResult(spec.name, retention, "conflict" if conflict else "failed", error=text)
         after = {o.path for o in list_objects(self.settings, uri)}
         deleted: list[StoredObject] = [o for path, o in before.items() if path not in after]
@@ -325,6 +329,22 @@ class Maintainer:
         took = round(time.monotonic() - started, 3)
         log.info("vacuum %s: deleted %d files (%.1f MiB) in %.1fs", spec.name, files, size / 2**20, took)
         return VacuumResult(spec.name, retention, "ok", files, size, took)
+
+    def compact(self, spec: TableConfig, health: TableHealth, tasks: list[CompactionTask]) -> list[OptimizeResult]:
+        """OPTIMIZE each task's partition in order, stopping at a conflict; then measure the table again, so
+        its metrics show the work now and each result's files_after is the partition's real count (the stream
+        may have added files meanwhile)."""
+        by_partition = {p.partition: p.files for p in health.partitions}
+        results = []
+        for task in tasks:
+            results.append(self.optimize(spec, task, by_partition[task.partition]))
+            if results[-1].outcome == "conflict":
+                break  # this table waits out its backoff; the other tables go on
+        if any(r.outcome == "ok" for r in results):
+            after = self.measure(spec)
+            files = {p.partition: p.files for p in after.partitions} if after is not None else {}
+            results = [replace(r, files_after=files.get(r.partition, 0)) if r.outcome == "ok" else r for r in results]
+        return results
 
     # --- one cycle ---
 
@@ -343,12 +363,7 @@ class Maintainer:
                 continue
             report.healths.append(health_summary(health))
             tasks = plan_compaction(health.partitions, datetime.fromtimestamp(now, UTC), self.settings.maintenance)
-            by_partition = {p.partition: p for p in health.partitions}
-            for task in tasks:
-                result = self.optimize(spec, task, by_partition[task.partition].files)
-                report.optimized.append(result)
-                if result.outcome == "conflict":
-                    break  # this table waits out its backoff; the other tables go on
+            report.optimized.extend(self.compact(spec, health, tasks))
             last_vacuum = max(health.last_vacuum_ms or 0, self._vacuumed_ms.get(spec.name, 0)) or None
             due = vacuum_due(last_vacuum, int(now * 1000), self.settings.maintenance.vacuum_interval_s)
             if vacuum and due and self.backoff.waiting(spec.name) == 0:
@@ -357,10 +372,7 @@ class Maintainer:
                 except ConfigError as e:  # refused by the safety checks: say why, try again next cycle
                     log.warning("%s", e)
                     report.skipped[f"{spec.name} vacuum"] = str(e)
-            outcomes = [(r.table, r.outcome) for r in report.optimized] + [
-                (r.table, r.outcome) for r in report.vacuumed
-            ]
-            if (spec.name, "ok") in outcomes:
+            if any(v.table == spec.name and v.outcome == "ok" for v in report.vacuumed):
                 self.measure(spec)  # the health metrics show this cycle's work now, not one interval later
         self.metrics.cycles.inc()
         return report
@@ -396,9 +408,11 @@ def manual_tasks(health: TableHealth, partition: date | None) -> list[Compaction
 def run(settings: Settings, once: bool = False, on_cycle: Callable[[CycleReport], None] | None = None) -> None:
     """The sidecar loop: a cycle every maintenance.interval until SIGINT/SIGTERM (or one with once)."""
     from streaming.logstore import check_writers_safe
+    from streaming.preflight import check_storage
     from streaming.session import build_session
 
     check_writers_safe(settings, "maintain")
+    check_storage(settings)
     metrics = MaintenanceMetrics()
     metrics.serve(settings.maintenance.metrics_host, settings.maintenance.metrics_port)
     spark = build_session(settings, app_name="iotlake-maintain")
@@ -414,7 +428,7 @@ def run(settings: Settings, once: bool = False, on_cycle: Callable[[CycleReport]
             except IotLakeError:
                 raise  # a configuration or credentials problem: the same next time, so stop and say it
             except Exception as e:  # a failed cycle is logged and retried next interval
-                log.error("maintenance cycle failed: %s", str(e).splitlines()[0][:500])
+                log.error("maintenance cycle failed: %s", first_line(e))
                 metrics.failures.labels("*", "cycle").inc()
             else:
                 if on_cycle is not None:

@@ -16,14 +16,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from streaming.errors import ConfigError
 from streaming.health import Churn, TableHealth
 
 
-def serve(registry: CollectorRegistry, host: str, port: int) -> Callable[[], None]:
-    """Expose a registry's /metrics over HTTP (port 0 = don't); returns a function that stops the server."""
+def serve(registry: CollectorRegistry, host: str, port: int, setting: str | None = None) -> Callable[[], None]:
+    """Expose a registry's /metrics over HTTP (port 0 = don't); returns a function that stops the server.
+
+    With `setting` (the config key of the port), a port that can't be bound is a ConfigError naming it.
+    """
     if not port:
         return lambda: None
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        if setting is None:
+            raise
+        raise ConfigError(
+            f"{setting}: can't serve /metrics on {host}:{port} ({e.strerror or e}). Another process holds the "
+            f"port: stop it, choose a free port (env IOTLAKE_{setting.upper().replace('.', '__')}), or 0 for none."
+        ) from e
 
     def stop() -> None:
         server.shutdown()
@@ -121,7 +133,7 @@ class IngestMetrics:
         return time.time() - newest if newest > 0 else math.nan
 
     def serve(self, host: str, port: int) -> Callable[[], None]:
-        return serve(self.registry, host, port)
+        return serve(self.registry, host, port, "ingest.metrics_port")
 
     def record_progress(self, progress_json: str) -> None:
         """Rates, phase durations and per-partition lag from one StreamingQueryProgress."""
@@ -286,14 +298,14 @@ class MaintenanceMetrics:
         self.cycles = Counter("iot_maintenance_cycles_total", "Maintenance cycles completed", registry=r)
         self.up = Gauge("iot_maintenance_up", "1 while the sidecar loop runs", registry=r)
 
+    def serve(self, host: str, port: int) -> Callable[[], None]:
+        return serve(self.registry, host, port, "maintenance.metrics_port")
+
     def record_health(self, health: TableHealth, new_commits: Churn) -> None:
         """The table's newest health, and the churn of the commits since the previous cycle."""
         self.health.healths[health.table] = health
         for key, counter in self.churn.items():
             counter.labels(health.table).inc(getattr(new_commits, key))
-
-    def serve(self, host: str, port: int) -> Callable[[], None]:
-        return serve(self.registry, host, port)
 
 
 # --- the simulator ----------------------------------------------------------------------------------

@@ -26,9 +26,12 @@ from streaming.errors import (
     ConfigError,
     ConfirmationRequiredError,
     InvalidTimestampError,
+    IotLakeError,
+    StorageError,
     TableNotCreatedError,
     UnknownTableError,
     VersionNotFoundError,
+    first_line,
 )
 from streaming.logstore import check_writers_safe
 
@@ -622,24 +625,25 @@ def _delta_errors(table: LakeTable) -> Iterator[None]:
         text = str(e)
         if "DELTA_VERSION_NOT_FOUND" in text or "DELTA_CDC_START_VERSION_AFTER_LATEST" in text:
             raise VersionNotFoundError(
-                f"{table.name}: {_first_line(text)} Older versions may have been removed by log retention; "
+                f"{table.name}: {first_line(text, 300)} Older versions may have been removed by log retention; "
                 f"see `iotlake history {table.name}`."
             ) from e
         if "DELTA_CHANGE_DATA_FILE_NOT_FOUND" in text or "DELTA_MISSING_CHANGE_DATA" in text:
             raise VersionNotFoundError(
-                f"{table.name}: the change data of those versions is gone ({_first_line(text)}). "
+                f"{table.name}: the change data of those versions is gone ({first_line(text, 300)}). "
                 "VACUUM removes it after the deleted-file retention; pick a newer --from-version."
             ) from e
         if "DELTA_CONCURRENT" in text or type(e).__name__.startswith("Concurrent"):
             raise ConcurrentWriteError(
-                f"{table.name}: another writer committed a conflicting change first ({_first_line(text)}). "
+                f"{table.name}: another writer committed a conflicting change first ({first_line(text, 300)}). "
                 "Nothing was changed by this command; run it again."
             ) from e
-        raise
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0][:300] if text.strip() else text
+        if isinstance(e, IotLakeError):
+            raise
+        raise StorageError(
+            f"{table.name}: Delta failed: {first_line(text, 300)} Check that the table is reachable with the "
+            "configured keys (`iotlake status`) and the version or time exists (`iotlake history`)."
+        ) from e
 
 
 # --- the `iotlake` subcommands ---------------------------------------------------------------------

@@ -14,11 +14,10 @@ from pyspark.sql import SparkSession
 
 from streaming.config import Settings, resolve_path
 from streaming.errors import CredentialsError, JavaMissingError
-from streaming.logstore import ensure_jar, log_store_conf, needs_jar
+from streaming.logstore import HADOOP_VERSION, ensure_jar, log_store_conf, needs_jar
 
 SCALA = "2.13"
 SPARK_VERSION = "4.2.0"
-HADOOP_VERSION = "3.5.0"
 EXTRA_PACKAGES = (
     f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{SPARK_VERSION}",
     f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",

@@ -117,9 +117,13 @@ def stream_lag_s(settings: Settings, now: float | None = None) -> float | None:
     if location.startswith("s3a://"):
         bucket, _, prefix = location.removeprefix("s3a://").partition("/")
         commits = minio_client(settings).list_objects(bucket, prefix=f"{prefix.rstrip('/')}/commits/")
-        stamps = [o.last_modified.timestamp() for o in commits if o.last_modified is not None]
+        stamps = [
+            o.last_modified.timestamp()
+            for o in commits
+            if o.last_modified is not None and o.object_name.rsplit("/", 1)[-1].isdigit()
+        ]
     else:
-        folder = Path(location.removeprefix("file://")) / "commits"
+        folder = Path(location.removeprefix("file://").removeprefix("file:")) / "commits"
         stamps = [p.stat().st_mtime for p in folder.glob("*") if p.name.isdigit()] if folder.is_dir() else []
     if not stamps:
         return None

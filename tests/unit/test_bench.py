@@ -189,3 +189,17 @@ def test_markdown_with_sections_missing() -> None:
     text = report.markdown(result)
     assert "| simulator, confluent | 210,000 msgs/s | >= 200,000 | met |" in text
     assert "| latency p99 at fixed rate | not run | <= 4 | - |" in text
+
+
+def test_window_rate_counts_only_batches_that_ended_inside_the_window() -> None:
+    from datetime import datetime, timedelta
+
+    from bench.compaction import window_rate
+    from bench.stats import BatchLine
+
+    t0 = datetime(2026, 11, 30, 12, 0, 0)
+    batches = [BatchLine(i, 1000 * (i + 1), 0, 1.0, t0 + timedelta(seconds=10 * i)) for i in range(6)]
+    # batches 2 and 3 end inside [t0+15s, t0+35s]: 3000 + 4000 messages over t0+10s -> t0+30s
+    assert window_rate(batches, t0 + timedelta(seconds=15), t0 + timedelta(seconds=35)) == 7000 / 20
+    assert window_rate(batches, t0 + timedelta(seconds=61), t0 + timedelta(seconds=70)) is None
+    assert window_rate(batches, t0, t0 + timedelta(seconds=5)) is None  # only batch 0: nothing before it

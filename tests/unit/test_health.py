@@ -92,15 +92,14 @@ def test_churn_reads_each_operations_own_metric_names() -> None:
     assert (c.rows_inserted, c.rows_updated, c.rows_deleted) == (40 + 7, 3, 5)
 
 
-def test_reclaimable_counts_unreferenced_data_files_older_than_retention_only() -> None:
-    hour = 3600 * 1000
+def test_reclaimable_sizes_vacuums_dry_run_from_the_listing() -> None:
     objects = [
-        StoredObject("p/live.parquet", 100, NOW_MS - 50 * hour),  # referenced
-        StoredObject("p/old.parquet", 200, NOW_MS - 50 * hour),  # unreferenced, old: reclaimable
-        StoredObject("p/new.parquet", 400, NOW_MS - 1 * hour),  # unreferenced, too young
-        StoredObject("_delta_log/00000000000000000000.json", 800, NOW_MS - 90 * hour),  # the log: never
+        StoredObject("p/live.parquet", 100, NOW_MS),
+        StoredObject("p/old.parquet", 200, NOW_MS),
+        StoredObject("p/orphan.parquet", 400, NOW_MS),
     ]
-    assert reclaimable(objects, ["p/live.parquet"], retention_s=48 * 3600, now_ms=NOW_MS) == (1, 200)
+    assert reclaimable(objects, ["p/old.parquet", "p/orphan.parquet", "p/old.parquet"]) == (2, 600)
+    assert reclaimable(objects, []) == (0, 0)
 
 
 def test_table_health_summary_and_skew() -> None:
@@ -114,7 +113,7 @@ def test_table_health_summary_and_skew() -> None:
     ]
     objects = [StoredObject("_delta_log/00000000000000000004.checkpoint.parquet", 1, NOW_MS - 60_000)]
     h = table_health(
-        "readings", 5, files, commits, objects, small_file_bytes=32 * MiB, retention_s=1, interval_s=300, now_ms=NOW_MS
+        "readings", 5, files, commits, objects, vacuumable=(), small_file_bytes=32 * MiB, interval_s=300, now_ms=NOW_MS
     )
     assert (h.files, h.small_files, h.bytes, h.rows) == (6, 6, 60 * MiB, 60)
     assert h.avg_file_bytes == 10 * MiB
@@ -171,8 +170,8 @@ def test_manual_optimize_takes_every_partition_with_two_small_files_or_the_one_a
         [_file("d=2026-11-29", 1, path="a"), _file("d=2026-11-29", 1, path="b"), _file("d=2026-11-30", 1, path="c")],
         [],
         [],
+        vacuumable=(),
         small_file_bytes=32 * MiB,
-        retention_s=1,
         interval_s=1,
         now_ms=NOW_MS,
     )
@@ -189,7 +188,7 @@ def test_vacuum_is_due_after_the_interval_or_when_never_run() -> None:
 def test_vacuum_below_the_tables_retention_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"below the table's deleted-file retention \(7 days\)"):
         check_vacuum_retention("readings", 3600, 7 * 86400, stream_lag_s=None)
-    check_vacuum_retention("readings", 3600, 7 * 86400, stream_lag_s=None, safety_check=False)  # check off: allowed
+    check_vacuum_retention("readings", 7 * 86400, 7 * 86400, stream_lag_s=None)  # at the retention: allowed
 
 
 def test_vacuum_at_or_below_the_streams_checkpoint_lag_is_refused() -> None:
@@ -289,8 +288,9 @@ def test_health_and_metrics_from_a_synthetic_delta_log(tmp_path: Path) -> None:
     os.utime(orphan, (old, old))
 
     settings = replace(load_settings(env={}), storage=replace(Settings().storage, base_uri=f"file:{tmp_path}"))
-    log = read_table(settings, settings.storage.table_uri("readings"), history=100)
-    assert log is not None and log.version == 1 and log.partition_columns == ("event_date",)
+    log = read_table(settings, settings.storage.table_uri("readings"), history=100, retention_s=7 * 86400)
+    assert log is not None and log.version == 1
+    assert log.vacuumable == ("event_date=2026-11-28/orphan.parquet",)  # untracked and 30 days old
     objects = list(list_objects(settings, settings.storage.table_uri("readings")))
     health = table_health(
         "readings",
@@ -298,8 +298,8 @@ def test_health_and_metrics_from_a_synthetic_delta_log(tmp_path: Path) -> None:
         log.files,
         log.commits,
         objects,
+        vacuumable=log.vacuumable,
         small_file_bytes=32 * MiB,
-        retention_s=7 * 86400,
         interval_s=300,
         now_ms=NOW_MS,
     )

@@ -69,3 +69,19 @@ def test_every_metric_follows_the_naming_convention_and_has_help() -> None:
             assert family.documentation, family.name
             if family.type == "counter":
                 assert all(s.name.endswith(("_total", "_created")) for s in family.samples), family.name
+
+
+def test_a_metrics_port_in_use_is_a_config_error_naming_the_key() -> None:
+    import socket
+
+    from streaming.errors import ConfigError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        with pytest.raises(ConfigError, match=r"ingest\.metrics_port: can't serve /metrics on 127\.0\.0\.1:\d+"):
+            IngestMetrics().serve("127.0.0.1", port)
+    finally:
+        holder.close()
