@@ -103,7 +103,14 @@ def build_session(
         # Built by `make install`; built here too when missing (an edited source, a cleared cache): ~5 s, once.
         jar, _ = ensure_jar(settings)
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name or settings.spark.app_name)
-    for key, value in session_conf(settings, extra_conf, jar).items():
+    conf = session_conf(settings, extra_conf, jar)
+    jars = conf.pop("spark.jars", None)
+    if jars:
+        # spark-submit merges --jars with the resolved spark.jars.packages into spark.jars. A spark.jars set on
+        # the builder would replace that list once the context starts, and executors on a cluster would then
+        # miss the packages (the Kafka source). So the jars go on the launch command instead.
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jars} pyspark-shell"
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES)).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
