@@ -205,6 +205,6 @@ def test_writes_are_refused_before_spark_when_the_log_store_is_single_driver(
     monkeypatch.setattr("streaming.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
     assert main(["restore", "readings", "--version", "1", "--yes"]) == 2
     err = capsys.readouterr().err
-    assert "`iotlake restore` / `delete-device` is a second writer" in err and "put_if_absent" in err
+    assert "`iotlake restore` / `delete-device` writes beside the stream" in err and "put_if_absent" in err
     assert main(["delete-device", "d1", "--yes"]) == 2
     assert "single_driver" in capsys.readouterr().err
