@@ -30,7 +30,10 @@ CONFLICTS = (
     "MetadataChangedException",
     "ProtocolChangedException",
 )
-WRITE_ATTEMPTS = 5
+# Delta's error classes for the same conflicts, as they appear in the message.
+CONFLICT_ERROR_CLASSES = ("DELTA_CONCURRENT_", "DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED")
+WRITE_ATTEMPTS = 8
+MAX_RETRY_WAIT_S = 8.0
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -53,10 +56,15 @@ class MergeResult:
 
 
 def is_conflict(error: BaseException) -> bool:
-    """A lost race with another writer of the table (try again), not a real failure."""
-    from delta.exceptions import DeltaConcurrentModificationException
+    """A lost race with another writer of the table (try again), not a real failure.
 
-    return isinstance(error, DeltaConcurrentModificationException) or any(n in str(error)[:500] for n in CONFLICTS)
+    delta-spark raises its own classes (`delta.exceptions.captured.ConcurrentAppendException`...), whose
+    message carries Delta's error class (`[DELTA_CONCURRENT_APPEND...]`), not the class name.
+    """
+    if {cls.__name__ for cls in type(error).__mro__} & {*CONFLICTS, "DeltaConcurrentModificationException"}:
+        return True
+    text = str(error)[:500]
+    return any(marker in text for marker in (*CONFLICT_ERROR_CLASSES, *CONFLICTS))
 
 
 def retry_on_conflict(
@@ -66,7 +74,7 @@ def retry_on_conflict(
     attempts: int = WRITE_ATTEMPTS,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Run a write; when it loses a conflict, wait (0.5 s, doubling) and run it again, up to `attempts` times.
+    """Run a write; when it loses a conflict, wait (0.5 s, doubling to 8 s) and run it again, up to `attempts` times.
 
     Safe because every write carries its transaction id: a write that did commit is a no-op when repeated.
     """
@@ -78,7 +86,7 @@ def retry_on_conflict(
                 raise
             on_conflict(table)
             log.warning("%s: write conflict with another writer (attempt %d of %d), retrying", table, attempt, attempts)
-            sleep(0.5 * 2 ** (attempt - 1))
+            sleep(min(0.5 * 2 ** (attempt - 1), MAX_RETRY_WAIT_S))
     raise AssertionError("unreachable")
 
 

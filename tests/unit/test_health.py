@@ -215,7 +215,14 @@ def test_partition_predicate_is_built_from_a_parsed_date() -> None:
 
 
 def test_conflicts_are_told_apart_from_failures() -> None:
+    class ConcurrentAppendException(Exception):  # the name delta.exceptions.captured gives it (needs a JVM)
+        pass
+
     assert is_conflict(RuntimeError("io.delta.exceptions.ConcurrentAppendException: Files were added"))
+    # what delta-spark really raises: its class, with Delta's error class in the message (the class name not)
+    message = "[DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT] Transaction conflict detected. a concurrent OPTIMIZE"
+    assert is_conflict(ConcurrentAppendException("Transaction conflict detected"))
+    assert is_conflict(RuntimeError(message))
     assert not is_conflict(RuntimeError("java.io.FileNotFoundException: s3a://x"))
 
 

@@ -16,6 +16,7 @@ from streaming.errors import (
     ConcurrentWriteError,
     ConfirmationRequiredError,
     InvalidTimestampError,
+    StorageError,
     UnknownTableError,
     VersionNotFoundError,
 )
@@ -128,8 +129,8 @@ def test_delta_errors_become_iotlake_errors_naming_the_fix() -> None:
         raise RuntimeError("[DELTA_VERSION_NOT_FOUND] Cannot time travel Delta table to version 9.\nJVM stack")
     with pytest.raises(ConcurrentWriteError, match="run it again"), _delta_errors(table):
         raise RuntimeError("[DELTA_CONCURRENT_APPEND] Files were added to partition ...")
-    with pytest.raises(KeyError), _delta_errors(table):
-        raise KeyError("anything else passes through")
+    with pytest.raises(StorageError, match=r"readings: Delta failed: .*iotlake status"), _delta_errors(table):
+        raise RuntimeError("java.nio.file.AccessDeniedException: s3a://iotlake/lake/readings")
 
 
 def test_formatting_for_people() -> None:
