@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
@@ -220,11 +219,11 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
             seen = 'iot_table_version{table="readings"}'
             wait_for(lambda: alive() or seen in _scrape(maintain_port), 900, 1.0, "the sidecar to measure readings")
             first = _sum(_scrape(maintain_port), "iot_maintenance_cycles_total")
-            deadline = time.monotonic() + 900
-            while not reached(maintain_port, "iot_maintenance_cycles_total", first + 10):
-                assert time.monotonic() < deadline, "the sidecar did not complete ten cycles within 900 s"
-                seed = len(summaries) + 1  # keep the stream writing while the sidecar cycles
+            for seed in range(2, 6):  # more traffic while the sidecar cycles (not a flood: cycles stay short)
                 summaries.append(simulate(settings, tmp_path, "--duplicate-rate", "0.05", count=1_000, seed=seed))
+            wait_for(
+                lambda: reached(maintain_port, "iot_maintenance_cycles_total", first + 10), 1200, 1.0, "ten cycles"
+            )
             sent = sum(s["sent_total"] for s in summaries)
             wait_for(
                 lambda: reached(ingest_port, "iot_ingest_input_rows_total", sent), 900, 1.0, f"all {sent} messages"
