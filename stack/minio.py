@@ -98,17 +98,10 @@ def _argv(inst: Installed, layout: StackLayout, api: HostPort) -> list[str]:
 def check_can_start(settings: Settings, layout: StackLayout) -> int | None:
     """The pid of our running MinIO (same ports), or None after checking its ports are free."""
     api = address(settings)
-    pid = proc.read_pid(service(layout))
-    if pid is not None:
-        cmdline = proc.cmdline(pid)
-        if cmdline is not None and f"--address {bind_host(api)}:{api.port} " not in cmdline:
-            raise StackError(
-                f"MinIO is already running (pid {pid}) with other settings than now (ports). Stop it with "
-                "`python -m stack down`, then run `python -m stack up` again."
-            )
-        return pid
-    proc.require_free_ports("MinIO", {"API": api, "console": minio_console(api)}, SETTING)
-    return None
+    ports = {"API": api, "console": minio_console(api)}
+    return proc.reuse_or_require_free(
+        "MinIO", service(layout), f"--address {bind_host(api)}:{api.port} ", ports, SETTING
+    )
 
 
 def launch(settings: Settings, layout: StackLayout, inst: Installed, secrets: dict[str, str]) -> tuple[int, bool]:

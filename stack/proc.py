@@ -117,6 +117,24 @@ def require_free_ports(service: str, ports: Mapping[str, HostPort], setting: str
             )
 
 
+def reuse_or_require_free(
+    name: str, service: Service, marker: str, ports: Mapping[str, HostPort], setting: str
+) -> int | None:
+    """The pid of our running `service` if its command line has `marker` (the same ports), else a StackError;
+    when it doesn't run, None after checking `ports` are free."""
+    pid = read_pid(service)
+    if pid is None:
+        require_free_ports(name, ports, setting)
+        return None
+    line = cmdline(pid)
+    if line is not None and marker not in line:
+        raise StackError(
+            f"{name} is already running (pid {pid}) with other ports than now. Stop it with "
+            "`python -m stack down`, then run `python -m stack up` again."
+        )
+    return pid
+
+
 def start(
     service: Service,
     argv: Sequence[str],

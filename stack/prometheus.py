@@ -163,17 +163,8 @@ def _argv(inst: Installed, layout: StackLayout, addr: HostPort) -> list[str]:
 def check_can_start(settings: Settings, layout: StackLayout) -> int | None:
     """The pid of our running Prometheus (same port), or None after checking its port is free."""
     addr = address(settings)
-    pid = proc.read_pid(service(layout))
-    if pid is not None:
-        cmdline = proc.cmdline(pid)
-        if cmdline is not None and f"--web.listen-address={bind_host(addr)}:{addr.port} " not in cmdline:
-            raise StackError(
-                f"Prometheus is already running (pid {pid}) with another port than {addr}. Stop it with "
-                "`python -m stack down`, then run `python -m stack up` again."
-            )
-        return pid
-    proc.require_free_ports("Prometheus", {"web": addr}, SETTING)
-    return None
+    marker = f"--web.listen-address={bind_host(addr)}:{addr.port} "
+    return proc.reuse_or_require_free("Prometheus", service(layout), marker, {"web": addr}, SETTING)
 
 
 def launch(settings: Settings, layout: StackLayout, inst: Installed) -> tuple[int, bool]:

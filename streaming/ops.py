@@ -649,24 +649,23 @@ def _delta_errors(table: LakeTable) -> Iterator[None]:
 # --- the `iotlake` subcommands ---------------------------------------------------------------------
 
 
-def _version(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a version number (0, 1, 2, ...)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: versions start at 0")
-    return value
+def _non_negative(what: str, lowest: str) -> Callable[[str], int]:
+    """An argparse type: a whole number >= 0, the error naming `what` it is."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: {lowest}")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+_version = _non_negative("a version number (0, 1, 2, ...)", "versions start at 0")
+_count = _non_negative("a whole number", "must be >= 0")
 
 
 def _device_id(text: str) -> str:
