@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import IO, Any
 from bench.procs import ProcSampler
 from bench.stats import parse_metrics, phases
 from stack.proc import tail
+from streaming.metrics import fetch
 
 # The fault mix `make run` uses (stack/run.py DEMO_FAULTS): small, and every kind is present.
 FAULTS: tuple[str, ...] = (
@@ -157,16 +157,6 @@ def run_sim(
     return data
 
 
-def scrape(url: str) -> str | None:
-    """The text of a /metrics page, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            text: str = response.read().decode()
-            return text
-    except OSError:
-        return None
-
-
 @dataclass
 class MetricsPoller:
     """Polls the job's /metrics in a thread; keeps each distinct phase breakdown (one per progress report)."""
@@ -196,7 +186,7 @@ class MetricsPoller:
     def _run(self) -> None:
         previous: dict[str, float] = {}
         while not self._stop.is_set() and len(self.reports) < self.max_reports:
-            text = scrape(self.url)
+            text = fetch(self.url)
             if text is not None:
                 self.last = parse_metrics(text)
                 current = phases(self.last)

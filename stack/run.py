@@ -11,13 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from stack import api
 from stack import prometheus as prom
@@ -25,6 +22,7 @@ from stack.layout import StackLayout
 from streaming.config import Settings, load_settings
 from streaming.errors import StackError
 from streaming.lakelog import open_table
+from streaming.metrics import scrape
 from streaming.status import stream_status, table_status
 
 REFRESH_S = 2.0
@@ -69,23 +67,6 @@ def _spawn(name: str, argv: list[str], layout: StackLayout, env: dict[str, str])
     handle = log.open("wb")
     process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env)
     return Child(name, process, log, handle)
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Samples of a Prometheus /metrics page, by name (labels summed) and by name{labels}; {} if it's down."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            if labels:
-                totals[f"{sample.name}{{{labels}}}"] = sample.value
-    return totals
 
 
 def _table_versions(settings: Settings) -> dict[str, int | None]:

@@ -9,15 +9,45 @@ from __future__ import annotations
 import json
 import math
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from streaming.errors import ConfigError
 from streaming.health import Churn, TableHealth
+
+
+def fetch(url: str, timeout: float = 2.0) -> str | None:
+    """The text of a /metrics page, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text: str = response.read().decode()
+            return text
+    except OSError:
+        return None
+
+
+def samples(text: str) -> dict[str, float]:
+    """Every sample of a /metrics page by `name{k=v,...}` (labels sorted), and by `name` (its samples summed)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            if sample.labels:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
+def scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
+    """samples() of a /metrics page; {} while nothing answers."""
+    text = fetch(url, timeout)
+    return samples(text) if text is not None else {}
 
 
 def serve(registry: CollectorRegistry, host: str, port: int, setting: str | None = None) -> Callable[[], None]:

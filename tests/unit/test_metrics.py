@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
-from streaming.metrics import IngestMetrics, kafka_lag
+from streaming.metrics import IngestMetrics, MaintenanceMetrics, kafka_lag, samples
 
 pytestmark = pytest.mark.unit
 
@@ -85,3 +86,14 @@ def test_a_metrics_port_in_use_is_a_config_error_naming_the_key() -> None:
             IngestMetrics().serve("127.0.0.1", port)
     finally:
         holder.close()
+
+
+def test_samples_of_a_metrics_page_by_labels_and_summed_by_name() -> None:
+    metrics = MaintenanceMetrics(registry=CollectorRegistry())
+    metrics.runs.labels("readings", "optimize").inc(3)
+    metrics.runs.labels("quarantine", "vacuum").inc()
+    got = samples(generate_latest(metrics.registry).decode())
+    assert got["iot_maintenance_runs_total{operation=optimize,table=readings}"] == 3
+    assert got["iot_maintenance_runs_total{operation=vacuum,table=quarantine}"] == 1
+    assert got["iot_maintenance_runs_total"] == 4
+    assert "iot_maintenance_runs_created" in got  # its own name, not summed into _total
