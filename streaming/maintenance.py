@@ -51,6 +51,9 @@ OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
 OPTIMIZE_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
 # VACUUM START / VACUUM END commits in the table's history: the "last VACUUM" the next cycle reads.
 VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
+# Delta 4 ignores VACUUM's retention argument (other than 0) unless this is off: `iotlake vacuum --retention
+# 30 days` would delete with the table's shorter retention instead of keeping the 30 days asked for.
+VACUUM_IGNORES_RETENTION = "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled"
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class Maintainer:
         spark.conf.set(OPTIMIZE_MAX_FILE_SIZE, str(m.target_file_bytes))
         spark.conf.set(OPTIMIZE_MIN_FILE_SIZE, str(m.small_file_bytes))
         spark.conf.set(VACUUM_LOGGING, "true")
+        spark.conf.set(VACUUM_IGNORES_RETENTION, "false")
         self._vacuumed_ms: dict[str, int] = {}  # also known without the history (e.g. logging turned off)
 
     # --- tables ---
