@@ -3,29 +3,30 @@ and the stream running beside it."""
 
 from __future__ import annotations
 
-import re
+import json
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from stack.addresses import free_port
-from streaming.config import Settings
+from streaming.config import Settings, load_settings
 from streaming.errors import ConfigError
 from streaming.maintenance import Maintainer
-from streaming.metrics import MaintenanceMetrics
+from streaming.metrics import MaintenanceMetrics, scrape
 from streaming.schema import READINGS_COLUMNS
 from streaming.session import build_session
+from streaming.status import delta_rs_uri
 from streaming.tables import LakeTables
 from tests.helpers import wait_for
-from tests.integration.lake import explain, read_table, simulate
+from tests.integration.lake import assert_tables_match, explain, read_table, reader_options, run_ingest, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -127,7 +128,9 @@ def test_one_cycle_compacts_a_fragmented_table_and_keeps_every_row(spark: SparkS
     assert history.count() == len(closed_days)
 
 
-def test_vacuum_below_retention_is_refused_and_with_retention_runs(spark: SparkSession, settings: Settings) -> None:
+def test_vacuum_below_retention_is_refused_and_runs_with_the_retention_asked_for(
+    spark: SparkSession, settings: Settings
+) -> None:
     LakeTables(spark, settings).ensure()
     metrics = MaintenanceMetrics(registry=CollectorRegistry())
     maintainer = Maintainer(spark, settings, metrics)
@@ -135,11 +138,17 @@ def test_vacuum_below_retention_is_refused_and_with_retention_runs(spark: SparkS
         maintainer.vacuum(settings.tables.readings, retention_s=3600)
     result = maintainer.vacuum(settings.tables.readings)
     assert result.outcome == "ok" and result.retention_s == 7 * 86400
+    longer = maintainer.vacuum(settings.tables.readings, retention_s=8 * 86400)
+    assert longer.outcome == "ok" and longer.retention_s == 8 * 86400
+    uri = LakeTables(spark, settings).readings_uri
+    starts = spark.sql(f"DESCRIBE HISTORY delta.`{uri}`").where("operation = 'VACUUM START'").orderBy("version")
+    retained = [r["operationParameters"].get("specifiedRetentionMillis") for r in starts.collect()]
+    assert retained == [str(7 * 86400_000), str(8 * 86400_000)], "Delta used another retention than asked"
     health = maintainer.measure(settings.tables.readings)
     assert health is not None and health.last_vacuum_ms is not None, "VACUUM END is in the table's history"
     assert (
         metrics.registry.get_sample_value("iot_maintenance_runs_total", {"table": "readings", "operation": "vacuum"})
-        == 1
+        == 2
     )
 
 
@@ -156,22 +165,7 @@ def test_iotlake_vacuum_below_retention_exits_2_naming_the_fix(test_env: dict[st
 
 
 def _scrape(port: int) -> dict[str, float]:
-    """Samples of a /metrics endpoint: 'name{labels}' -> value ({} while nothing answers yet)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
-
-
-def _sum(samples: dict[str, float], name: str) -> float:
-    return sum(v for k, v in samples.items() if re.fullmatch(rf"{name}(\{{.*\}})?", k))
+    return scrape(f"http://127.0.0.1:{port}/metrics", timeout=5)
 
 
 def test_stream_keeps_running_through_ten_sidecar_cycles(
@@ -184,7 +178,7 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
         **test_env,
         "IOTLAKE_INGEST__METRICS_PORT": str(ingest_port),
         "IOTLAKE_INGEST__TRIGGER_INTERVAL": "2 seconds",
-        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "2000",
+        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "500",
         "IOTLAKE_MAINTENANCE__METRICS_PORT": str(maintain_port),
         "IOTLAKE_MAINTENANCE__INTERVAL": "2 seconds",
         "IOTLAKE_MAINTENANCE__MIN_SMALL_FILES": "2",
@@ -206,7 +200,7 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
 
     def reached(port: int, name: str, target: float) -> bool:
         alive()
-        return _sum(_scrape(port), name) >= target
+        return _scrape(port).get(name, 0.0) >= target
 
     def logs_tail(e: AssertionError) -> AssertionError:
         tails = {name: (tmp_path / f"{name}.log").read_text()[-4000:] for name in procs}
@@ -216,9 +210,13 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
         summaries = [simulate(settings, tmp_path, "--duplicate-rate", "0.05", count=3_000, seed=1)]
         try:
             # Count the cycles from when the sidecar first measured readings (cycles before it saw no table).
-            seen = 'iot_table_version{table="readings"}'
-            wait_for(lambda: alive() or seen in _scrape(maintain_port), 900, 1.0, "the sidecar to measure readings")
-            first = _sum(_scrape(maintain_port), "iot_maintenance_cycles_total")
+            def measured_readings() -> bool:
+                alive()
+                return "iot_table_version{table=readings}" in _scrape(maintain_port)
+
+            wait_for(measured_readings, 900, 1.0, "the sidecar to measure readings")
+            first = _scrape(maintain_port).get("iot_maintenance_cycles_total", 0.0)
+            batches_before = _scrape(ingest_port).get("iot_ingest_batches_total", 0.0)
             for seed in range(2, 6):  # more traffic while the sidecar cycles (not a flood: cycles stay short)
                 summaries.append(simulate(settings, tmp_path, "--duplicate-rate", "0.05", count=1_000, seed=seed))
             wait_for(
@@ -240,18 +238,70 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
         for f in logs.values():
             f.close()
     assert procs["ingest"].returncode == 0, (tmp_path / "ingest.log").read_text()[-6000:]
-    assert ingest["iot_ingest_query_up"] == 1 and ingest["iot_ingest_batches_total"] > 5
-    assert _sum(maintain, "iot_maintenance_files_compacted_total") > 0, "the sidecar never compacted"
-    assert _sum(maintain, "iot_maintenance_failures_total") == 0, (tmp_path / "maintain.log").read_text()[-6000:]
+    assert ingest["iot_ingest_query_up"] == 1
+    # The 4,000 messages sent after the sidecar's first measurement need at least 8 batches of at most 500:
+    # the stream kept committing while the sidecar cycled.
+    batches = ingest["iot_ingest_batches_total"]
+    assert batches - batches_before >= 8, (batches_before, batches)
+    assert maintain.get("iot_maintenance_files_compacted_total", 0.0) > 0, "the sidecar never compacted"
+    assert maintain.get("iot_maintenance_failures_total", 0.0) == 0, (tmp_path / "maintain.log").read_text()[-6000:]
     # VACUUM is due once a day: at most once per table in this run (a table backing off after a conflict may
     # not get its turn), never every cycle.
-    vacuums = [maintain.get(f'iot_maintenance_runs_total{{table="{t}",operation="vacuum"}}', 0) for t in TABLES]
+    vacuums = [maintain.get(f"iot_maintenance_runs_total{{operation=vacuum,table={t}}}", 0) for t in TABLES]
     assert max(vacuums) == 1, vacuums
     readings = read_table(settings, "readings", stack_secrets)
     assert len({r["event_id"] for r in readings}) == len(readings) == sum(s["valid_distinct"] for s in summaries)
     # Every metric the sidecar names is exported, with a plausible value.
     for name in ("iot_table_files", "iot_table_bytes", "iot_table_rows", "iot_table_version"):
-        assert maintain[f'{name}{{table="readings"}}'] > 0, name
-    assert 0 <= maintain['iot_table_small_file_ratio{table="readings"}'] <= 1
-    assert 0 <= maintain['iot_table_last_commit_age_seconds{table="readings"}'] < 600
-    assert maintain['iot_table_rows_inserted_total{table="readings"}'] > 0
+        assert maintain[f"{name}{{table=readings}}"] > 0, name
+    assert 0 <= maintain["iot_table_small_file_ratio{table=readings}"] <= 1
+    assert 0 <= maintain["iot_table_last_commit_age_seconds{table=readings}"] < 600
+    assert maintain["iot_table_rows_inserted_total{table=readings}"] > 0
+
+
+def test_liquid_clustered_readings_are_ingested_and_clustered_by_the_sidecar(
+    test_env: dict[str, str], settings: Settings, stack_secrets: dict[str, str], tmp_path: Path
+) -> None:
+    """With `cluster_by` instead of partitions + Z-ORDER, the stream MERGEs into a liquid-clustered table and
+    one sidecar cycle runs OPTIMIZE on it (Delta clusters incrementally): fewer files, the same rows."""
+    env = {
+        **test_env,
+        "IOTLAKE_TABLES__READINGS__PARTITION_BY": "[]",
+        "IOTLAKE_TABLES__READINGS__ZORDER_BY": "[]",
+        "IOTLAKE_TABLES__READINGS__CLUSTER_BY": "[device_id]",
+        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "500",  # several MERGEs: several small files
+        "IOTLAKE_MAINTENANCE__MIN_SMALL_FILES": "2",
+        "IOTLAKE_MAINTENANCE__OPEN_PARTITION_MIN_SMALL_FILES": "4",  # a clustered table is always "open"
+    }
+    clustered = load_settings(env=env)  # the fixture's topic and base URI, readings clustered
+    assert clustered.tables.readings.cluster_by == ("device_id",) and clustered.kafka.topic == settings.kafka.topic
+    summary = simulate(clustered, tmp_path, "--duplicate-rate", "0.05", count=4_000)
+    result = run_ingest(env)
+    assert result.returncode == 0, explain(result)
+    assert_tables_match(clustered, stack_secrets, summary)
+
+    uri = delta_rs_uri(clustered.storage.table_uri("readings"))
+    table = DeltaTable(uri, storage_options=reader_options(clustered, stack_secrets))
+    assert table.metadata().partition_columns == []
+    assert "clustering" in (table.protocol().writer_features or []), table.protocol()
+    files_before = len(table.file_uris())
+    assert files_before >= 4, files_before
+
+    result = subprocess.run(
+        [sys.executable, "-m", "streaming.cli", "maintain", "--once", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, explain(result)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    optimized = [r for r in report["optimized"] if r["table"] == "readings"]
+    assert [(r["partition"], r["outcome"]) for r in optimized] == [("", "ok")], optimized
+
+    table.update_incremental()
+    files_after = len(table.file_uris())
+    assert files_after * 4 <= files_before, (files_before, files_after)
+    optimize = [h for h in table.history() if h["operation"] == "OPTIMIZE"]
+    assert len(optimize) == 1 and json.loads(optimize[0]["operationParameters"]["clusterBy"]) == ["device_id"]
+    assert_tables_match(clustered, stack_secrets, summary)
