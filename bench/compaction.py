@@ -3,14 +3,15 @@
 1. A one-device-one-day query on a fragmented closed partition (many small appends), then one sidecar cycle
    (`Maintainer.cycle`: OPTIMIZE + Z-ORDER by device_id), then the same query: median time and files read.
 2. Sustained ingest of the same preloaded messages twice: alone, and while the bench's own Spark session
-   compacts a fragmented closed partition of the same readings table (the sidecar's situation). Steady
-   events/s from the job's batch lines, start-up excluded.
+   compacts a fragmented closed partition of the same readings table (the sidecar's situation), started once
+   the job committed its first batch. Events/s from the job's batch lines: steady state alone (start-up
+   excluded) against the batches that ended while the compaction ran.
 """
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -29,8 +30,8 @@ from streaming.tables import LakeTables
 
 @dataclass(frozen=True)
 class CompactionParams:
-    appends: int = 20
-    files_per_append: int = 20
+    appends: int = 40
+    files_per_append: int = 25
     rows_per_append: int = 50_000
     devices: int = 200
     query_runs: int = 5
@@ -83,11 +84,25 @@ def _query(spark: Any, uri: str, device: str, day: date, runs: int) -> dict[str,
     }
 
 
-def _ingest(env: dict[str, str], workdir: Path, name: str, params: CompactionParams) -> list[BatchLine]:
-    """`iotlake ingest --available-now` on the preloaded topic; its batch lines."""
+def _ingest(
+    env: dict[str, str],
+    workdir: Path,
+    name: str,
+    params: CompactionParams,
+    once_batching: Callable[[], None] | None = None,
+) -> list[BatchLine]:
+    """`iotlake ingest --available-now` on the preloaded topic; its batch lines. With `once_batching`, that runs
+    after the job committed its first batch, so it overlaps the job's steady state, not its start-up."""
     log = workdir / f"{name}.log"
     proc = Proc.spawn(name, ingest_argv(available_now=True), env, log)
     try:
+        if once_batching is not None:
+            deadline = time.monotonic() + params.timeout_s
+            while not parse_batch_lines(log.read_text()):
+                if not proc.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} committed no batch (exit {proc.popen.poll()}):\n{proc.tail()}")
+                time.sleep(0.2)
+            once_batching()
         code = proc.wait(params.timeout_s)
     finally:
         proc.stop()
@@ -97,12 +112,14 @@ def _ingest(env: dict[str, str], workdir: Path, name: str, params: CompactionPar
 
 
 def window_rate(batches: list[BatchLine], start: datetime, end: datetime) -> float | None:
-    """Messages per second of the batches that ended inside [start, end], from the end of the batch
-    before the first of them (None: fewer than one batch inside, or no batch before it)."""
-    inside = [i for i, b in enumerate(batches) if start <= b.logged_at <= end]
-    if not inside or inside[0] == 0:
+    """Messages per second of the batches that ran while [start, end] lasted: each batch runs from the end of the
+    one before it to its own end (None: no such batch after the first, whose start is unknown)."""
+    overlapping = [
+        i for i in range(1, len(batches)) if batches[i].logged_at >= start and batches[i - 1].logged_at <= end
+    ]
+    if not overlapping:
         return None
-    first, last = inside[0], inside[-1]
+    first, last = overlapping[0], overlapping[-1]
     window = (batches[last].logged_at - batches[first - 1].logged_at).total_seconds()
     return sum(b.messages for b in batches[first : last + 1]) / window if window > 0 else None
 
@@ -158,24 +175,18 @@ def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, e
 
         def compact() -> None:
             window["start"] = datetime.now()
-            try:
-                result["concurrent_cycle"] = (
-                    Maintainer(spark, during_settings, MaintenanceMetrics()).cycle(vacuum=False).to_dict()
-                )
-            except Exception as e:  # re-raised below, after the ingest run
-                window["error"] = e
+            cycle = Maintainer(spark, during_settings, MaintenanceMetrics()).cycle(vacuum=False)
             window["end"] = datetime.now()
+            result["concurrent_cycle"] = cycle.to_dict()
 
-        compacting = threading.Thread(target=compact)
-        compacting.start()
-        batches = _ingest(envs["during"], workdir, "ingest-during", params)
-        compacting.join()
-        if "error" in window:
-            raise window["error"]
+        batches = _ingest(envs["during"], workdir, "ingest-during", params, once_batching=compact)
         during = window_rate(batches, window["start"], window["end"])
         result["ingest"] = {
             "compaction_s": round((window["end"] - window["start"]).total_seconds(), 1),
-            "batches_during_compaction": sum(window["start"] <= b.logged_at <= window["end"] for b in batches),
+            "batches_during_compaction": sum(
+                batches[i].logged_at >= window["start"] and batches[i - 1].logged_at <= window["end"]
+                for i in range(1, len(batches))
+            ),
             "alone_events_per_s": round(alone or 0.0),
             "during_compaction_events_per_s": round(during) if during else None,
             "drop_pct": round(100 * (1 - during / alone), 1) if alone and during else None,

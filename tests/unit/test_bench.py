@@ -191,7 +191,7 @@ def test_markdown_with_sections_missing() -> None:
     assert "| latency p99 at fixed rate | not run | <= 4 | - |" in text
 
 
-def test_window_rate_counts_only_batches_that_ended_inside_the_window() -> None:
+def test_window_rate_counts_the_batches_that_ran_during_the_window() -> None:
     from datetime import datetime, timedelta
 
     from bench.compaction import window_rate
@@ -199,7 +199,12 @@ def test_window_rate_counts_only_batches_that_ended_inside_the_window() -> None:
 
     t0 = datetime(2026, 11, 30, 12, 0, 0)
     batches = [BatchLine(i, 1000 * (i + 1), 0, 1.0, t0 + timedelta(seconds=10 * i)) for i in range(6)]
-    # batches 2 and 3 end inside [t0+15s, t0+35s]: 3000 + 4000 messages over t0+10s -> t0+30s
-    assert window_rate(batches, t0 + timedelta(seconds=15), t0 + timedelta(seconds=35)) == 7000 / 20
-    assert window_rate(batches, t0 + timedelta(seconds=61), t0 + timedelta(seconds=70)) is None
-    assert window_rate(batches, t0, t0 + timedelta(seconds=5)) is None  # only batch 0: nothing before it
+
+    def at(seconds: int) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    # batch i runs from t0+10(i-1)s to t0+10i s; [15 s, 35 s] overlaps batches 2, 3 and 4 (t0+10s -> t0+40s)
+    assert window_rate(batches, at(15), at(35)) == (3000 + 4000 + 5000) / 30
+    assert window_rate(batches, at(22), at(25)) == 4000 / 10  # inside one batch: that batch's rate
+    assert window_rate(batches, at(61), at(70)) is None  # after the last batch
+    assert window_rate(batches[:1], at(0), at(5)) is None  # only batch 0: its start is unknown
