@@ -5,7 +5,7 @@
 2. Sustained ingest of the same preloaded messages twice: alone, and while the bench's own Spark session
    compacts a fragmented closed partition of the same readings table (the sidecar's situation), started once
    the job committed its first batch. Events/s from the job's batch lines: steady state alone (start-up
-   excluded) against the batches that ended while the compaction ran.
+   excluded) against the batches that ran during the compaction.
 """
 
 from __future__ import annotations
@@ -111,12 +111,15 @@ def _ingest(
     return parse_batch_lines(log.read_text())
 
 
+def ran_during(batches: list[BatchLine], start: datetime, end: datetime) -> list[int]:
+    """Indexes of the batches that ran while [start, end] lasted: each batch runs from the end of the one
+    before it to its own end (the first batch is left out: its start is unknown)."""
+    return [i for i in range(1, len(batches)) if batches[i].logged_at >= start and batches[i - 1].logged_at <= end]
+
+
 def window_rate(batches: list[BatchLine], start: datetime, end: datetime) -> float | None:
-    """Messages per second of the batches that ran while [start, end] lasted: each batch runs from the end of the
-    one before it to its own end (None: no such batch after the first, whose start is unknown)."""
-    overlapping = [
-        i for i in range(1, len(batches)) if batches[i].logged_at >= start and batches[i - 1].logged_at <= end
-    ]
+    """Messages per second of the batches that ran during [start, end] (None: no such batch)."""
+    overlapping = ran_during(batches, start, end)
     if not overlapping:
         return None
     first, last = overlapping[0], overlapping[-1]
@@ -183,10 +186,7 @@ def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, e
         during = window_rate(batches, window["start"], window["end"])
         result["ingest"] = {
             "compaction_s": round((window["end"] - window["start"]).total_seconds(), 1),
-            "batches_during_compaction": sum(
-                batches[i].logged_at >= window["start"] and batches[i - 1].logged_at <= window["end"]
-                for i in range(1, len(batches))
-            ),
+            "batches_during_compaction": len(ran_during(batches, window["start"], window["end"])),
             "alone_events_per_s": round(alone or 0.0),
             "during_compaction_events_per_s": round(during) if during else None,
             "drop_pct": round(100 * (1 - during / alone), 1) if alone and during else None,
