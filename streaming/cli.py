@@ -94,9 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:
+    from streaming.faults import Faults
     from streaming.ingest import run
 
-    reports = run(settings, available_now=args.available_now)
+    reports = run(settings, available_now=args.available_now, faults=Faults.from_env())
     total = sum(r.input_rows for r in reports)
     print(f"iotlake ingest: {len(reports)} batch(es), {total} message(s) processed")
     return 0

@@ -128,7 +128,6 @@ class IngestConfig:
     exactly_once: bool = True
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
-    crash_after_batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -392,7 +391,7 @@ def _coerce(cls: type, key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false, got {value!r}.")
         return value
-    if isinstance(default, int) or key == "crash_after_batch":
+    if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} must be a whole number, got {value!r}.")
         return value

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +26,7 @@ from pyspark.storagelevel import StorageLevel
 from streaming import batch
 from streaming.config import Settings, parse_duration, resolve_path
 from streaming.errors import CheckpointError, IotLakeError, ValidationFailure
+from streaming.faults import Faults
 from streaming.logstore import check_writers_safe
 from streaming.metrics import IngestMetrics
 from streaming.preflight import check_kafka, check_storage
@@ -62,11 +61,19 @@ def checkpoint_location(settings: Settings) -> str:
 class BatchWriter:
     """The foreachBatch body: validate, split, then MERGE/append each table under its transaction id."""
 
-    def __init__(self, spark: SparkSession, settings: Settings, tables: LakeTables, metrics: IngestMetrics) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        tables: LakeTables,
+        metrics: IngestMetrics,
+        faults: Faults | None = None,
+    ) -> None:
         self.spark = spark
         self.settings = settings
         self.tables = tables
         self.metrics = metrics
+        self.faults = faults or Faults()
         self.rules = Rules.from_settings(settings, tables.evolved_columns())
         self.reports: list[BatchReport] = []
         self.newest_event = 0.0
@@ -95,9 +102,7 @@ class BatchWriter:
         finally:
             validated.unpersist()
         self._record(report)
-        crash_after = self.settings.ingest.crash_after_batch
-        if crash_after is not None and batch_id == crash_after:
-            _crash(batch_id)
+        self.faults.crash_if("after_batch", batch_id)
 
     def _evolve(self, raw: DataFrame, validated: DataFrame, names: list[str], info: batch.BatchInfo) -> DataFrame:
         """Add new optional fields as columns (inferred types), or mark the ones that can't evolve."""
@@ -181,6 +186,7 @@ class BatchWriter:
                 lambda: self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), evolve), "readings"
             )
             steps["readings_merge"] = time.monotonic() - began
+            self.faults.crash_if("after_readings", info.batch_id)
             began = time.monotonic()
             latest = batch.latest_per_device(rows)
             state = self._retry(
@@ -226,16 +232,6 @@ class BatchWriter:
             report.seconds,
         )
         log.info("batch %d steps: %s", report.batch_id, ", ".join(f"{k} {v:.1f} s" for k, v in report.steps.items()))
-
-
-def _crash(batch_id: int) -> None:
-    """Fault injection for the crash-and-replay test: die after the Delta commits, before the checkpoint's."""
-    print(
-        f"iotlake: crash_after_batch={batch_id}: killing the driver now (SIGKILL)",
-        file=sys.stderr,
-        flush=True,
-    )
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _ProgressListener(StreamingQueryListener):
@@ -312,8 +308,14 @@ def start_query(spark: SparkSession, settings: Settings, writer: BatchWriter, av
     return stream.start()
 
 
-def run(settings: Settings, available_now: bool = False, metrics: IngestMetrics | None = None) -> list[BatchReport]:
+def run(
+    settings: Settings,
+    available_now: bool = False,
+    metrics: IngestMetrics | None = None,
+    faults: Faults | None = None,
+) -> list[BatchReport]:
     """Run the streaming job until stopped (SIGINT/SIGTERM) or, with available_now, until caught up."""
+    faults = faults or Faults()
     check_writers_safe(settings, "ingest")
     check_kafka(settings)
     check_storage(settings)
@@ -324,9 +326,9 @@ def run(settings: Settings, available_now: bool = False, metrics: IngestMetrics 
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         tables = LakeTables(spark, settings)
-        tables.ensure()
+        tables.ensure(on_created=lambda name: faults.crash_if("after_create", name))
         claim_checkpoint(spark, settings)
-        writer = BatchWriter(spark, settings, tables, metrics)
+        writer = BatchWriter(spark, settings, tables, metrics, faults)
         spark.streams.addListener(_ProgressListener(metrics))
         try:
             query = start_query(spark, settings, writer, available_now)

@@ -122,12 +122,15 @@ class LakeTables:
         self.device_state_uri = settings.storage.table_uri(tables.device_state.name)
         self.quarantine_uri = settings.storage.table_uri(tables.quarantine.name)
 
-    def ensure(self) -> None:
+    def ensure(self, on_created: Callable[[str], None] = lambda name: None) -> None:
         """Create missing tables with their columns, comments, partitioning and properties."""
         t = self.settings.tables
         self._create(self.readings_uri, READINGS_COLUMNS, t.readings, "One row per distinct reading")
+        on_created(t.readings.name)
         self._create(self.device_state_uri, DEVICE_STATE_COLUMNS, t.device_state, "Newest reading per device")
+        on_created(t.device_state.name)
         self._create(self.quarantine_uri, QUARANTINE_COLUMNS, t.quarantine, "Rejected records and why")
+        on_created(t.quarantine.name)
 
     def _create(self, uri: str, columns: Sequence[SchemaColumn], spec: TableConfig, comment: str) -> None:
         builder = DeltaTable.createIfNotExists(self.spark).location(uri).comment(comment)

@@ -23,9 +23,9 @@ def crash_then_restart(test_env: dict[str, str], exactly_once: bool) -> None:
         "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "4000",
         "IOTLAKE_INGEST__EXACTLY_ONCE": str(exactly_once).lower(),
     }
-    crashed = run_ingest({**env, "IOTLAKE_INGEST__CRASH_AFTER_BATCH": str(CRASH_BATCH)})
+    crashed = run_ingest({**env, "IOTLAKE_TEST_CRASH": f"after_batch:{CRASH_BATCH}"})
     assert crashed.returncode == -signal.SIGKILL, explain(crashed)
-    assert f"crash_after_batch={CRASH_BATCH}" in crashed.stderr
+    assert f"after_batch:{CRASH_BATCH}: killing the driver" in crashed.stderr
     # The batch's offsets were logged and its Delta commits made, but the checkpoint never committed it.
     checkpoint = Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"])
     assert (checkpoint / "offsets" / str(CRASH_BATCH)).exists()
