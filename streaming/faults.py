@@ -1,10 +1,10 @@
 """Test hooks, read from the environment only (never from the config file): crash points and a shifted clock.
 
-    IOTLAKE_TEST_CRASH=<point>:<arg>     SIGKILL the driver at that point:
-        after_batch:<batch id>           after the batch's three commits, before Spark commits its checkpoint
-        after_readings:<batch id>        after the batch's readings commit, before its device_state commit
-        after_create:<table name>        right after the job created that table (first start)
-    IOTLAKE_TEST_CLOCK_SHIFT=<duration>  the job's clock runs this far ahead of the wall clock (e.g. '8 days')
+IOTLAKE_TEST_CRASH=<point>:<arg>     SIGKILL the driver at that point:
+    after_batch:<batch id>           after the batch's three commits, before Spark commits its checkpoint
+    after_readings:<batch id>        after the batch's readings commit, before its device_state commit
+    after_create:<table name>        right after the job created that table (first start)
+IOTLAKE_TEST_CLOCK_SHIFT=<duration>  the job's clock runs this far ahead of the wall clock (e.g. '8 days')
 """
 
 from __future__ import annotations
