@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -29,12 +30,14 @@ def tables(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> Lak
 
 
 def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dict], txn: bool = True) -> None:
+    """One batch the way the job writes it: its stats give the MERGE's literal dates and event-time ranges."""
     rules = Rules.from_settings(lake.settings)
     info = batch.BatchInfo(batch_id, NOW)
     validated = batch.validate(kafka_rows(spark, [encode(e) for e in events]), rules, info)
+    stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
     rows = batch.readings(validated, rules, info)
-    dates = [r[0] for r in rows.select("event_date").distinct().collect()]
-    lake.merge_readings(rows, dates, [], Txn("q-readings", batch_id) if txn else None, evolve=False)
+    ranges = time_ranges(stats.buckets)
+    lake.merge_readings(rows, stats.dates, ranges, Txn("q-readings", batch_id) if txn else None, evolve=False)
     lake.upsert_device_state(
         batch.latest_per_device(rows), Txn("q-device_state", batch_id) if txn else None, evolve=False
     )
@@ -68,6 +71,23 @@ def test_replayed_batch_changes_nothing(spark: SparkSession, tables: LakeTables)
     # Without it, the replay is written: the negative control for the check above.
     write(tables, spark, 0, [event(event_id="z", seq=9, event_time=NOW_MS)], txn=False)
     assert spark.read.format("delta").load(tables.readings_uri).count() == 2
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Kolkata"])
+def test_a_resent_event_is_found_under_any_local_timezone(
+    spark: SparkSession, tables: LakeTables, zone: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MERGE's event-time ranges must not move with the Python process's timezone (the session is UTC)."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        write(tables, spark, 0, [event(event_id="a"), event(event_id="b", seq=2)])
+        write(tables, spark, 1, [event(event_id="a"), event(event_id="c", seq=3)])
+        ids = sorted(r.event_id for r in spark.read.format("delta").load(tables.readings_uri).collect())
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert ids == ["a", "b", "c"]
 
 
 def test_device_state_never_goes_back_in_time(spark: SparkSession, tables: LakeTables) -> None:
