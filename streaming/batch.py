@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
@@ -23,6 +23,8 @@ from streaming.schema import (
 from streaming.schema import Column as SchemaColumn
 
 KEEP = ("ok", "warn")
+EPOCH = date(1970, 1, 1)
+DAY_MS = 86_400_000
 TIME_BUCKET_MS = 10 * 60 * 1000  # divides a day: a bucket never spans two event dates
 MAX_TIME_RANGES = 16
 EVOLVABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -42,7 +44,7 @@ class BatchInfo:
 
     @property
     def now_ms(self) -> int:
-        return int(self.ingest_time.timestamp() * 1000)
+        return round(self.ingest_time.timestamp() * 1000)
 
 
 def validate(raw: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
@@ -79,7 +81,7 @@ def validate(raw: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
 
 
 def _event_date(epoch_ms: Column) -> Column:
-    return F.date_from_unix_date(F.floor(epoch_ms / 86_400_000).cast("int"))
+    return F.date_from_unix_date(F.floor(epoch_ms / DAY_MS).cast("int"))
 
 
 def _kafka_columns() -> list[Column]:
@@ -93,7 +95,7 @@ def _kafka_columns() -> list[Column]:
 
 def _ingest_columns(info: BatchInfo) -> list[Column]:
     return [
-        F.lit(info.ingest_time).cast("timestamp").alias("ingest_time"),
+        F.timestamp_millis(F.lit(info.now_ms)).alias("ingest_time"),
         F.lit(info.batch_id).cast("long").alias("ingest_batch_id"),
     ]
 
@@ -149,7 +151,7 @@ def quarantine(validated: DataFrame, info: BatchInfo) -> DataFrame:
         "reasons",
         *_kafka_columns(),
         *_ingest_columns(info),
-        F.lit(info.ingest_time.astimezone(UTC).date()).alias("ingest_date"),
+        F.lit(date_of(info.now_ms)).alias("ingest_date"),
     )
 
 
@@ -211,15 +213,21 @@ def summarize(rows: list[Row], rules: Rules) -> BatchStats:
             buckets.add(int(row["bucket"]))
         if row["newest"] is not None:
             newest = max(newest or 0, int(row["newest"]))
-    dates = sorted({datetime.fromtimestamp(b * TIME_BUCKET_MS / 1000, UTC).date() for b in buckets})
+    dates = sorted({date_of(b * TIME_BUCKET_MS) for b in buckets})
     return BatchStats(by_action, by_rule, failed, tuple(dates), tuple(sorted(buckets)), newest)
 
 
-def time_ranges(buckets: Iterable[int], width_ms: int = TIME_BUCKET_MS) -> list[tuple[datetime, datetime]]:
-    """Contiguous event-time ranges covering the given bucket numbers (epoch ms // width_ms).
+def date_of(epoch_ms: int) -> date:
+    """The UTC date of an instant, by integer arithmetic: no local timezone, no float rounding."""
+    return EPOCH + timedelta(days=epoch_ms // DAY_MS)
+
+
+def time_ranges(buckets: Iterable[int], width_ms: int = TIME_BUCKET_MS) -> list[tuple[int, int]]:
+    """Contiguous event-time ranges [first ms, last ms] covering the given bucket numbers (epoch ms // width_ms).
 
     Late events make a batch's [min, max] span hours; a few narrow ranges keep file skipping effective.
-    At most MAX_TIME_RANGES ranges: the smallest gaps are closed first.
+    At most MAX_TIME_RANGES ranges: the smallest gaps are closed first. Epoch milliseconds, not datetimes:
+    a naive datetime literal would be read in the Python process's local timezone.
     """
     ordered = sorted(set(buckets))
     if not ordered:
@@ -234,11 +242,7 @@ def time_ranges(buckets: Iterable[int], width_ms: int = TIME_BUCKET_MS) -> list[
         gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
         i = gaps.index(min(gaps))
         spans[i : i + 2] = [[spans[i][0], spans[i + 1][1]]]
-
-    def at(ms: int) -> datetime:
-        return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
-
-    return [(at(lo * width_ms), at((hi + 1) * width_ms - 1)) for lo, hi in spans]
+    return [(lo * width_ms, (hi + 1) * width_ms - 1) for lo, hi in spans]
 
 
 def infer_new_columns(validated: DataFrame, names: list[str]) -> tuple[list[SchemaColumn], list[str]]:

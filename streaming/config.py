@@ -34,6 +34,7 @@ STRUCTURAL_RULES = frozenset(
         "unknown_schema_version",
         "unexpected_field",
         "type_conflict",
+        "unstorable_event_time",
     }
 )
 VALUE_RULES = frozenset({"out_of_range", "event_time_in_future", "event_time_too_old"})

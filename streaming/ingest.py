@@ -9,7 +9,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pyspark import InheritableThread
@@ -24,6 +23,7 @@ from pyspark.sql.streaming.listener import (
 from pyspark.storagelevel import StorageLevel
 
 from streaming import batch
+from streaming.batch_clock import BatchClocks
 from streaming.config import Settings, parse_duration, resolve_path
 from streaming.errors import CheckpointError, IotLakeError, ValidationFailure
 from streaming.faults import Faults
@@ -74,15 +74,15 @@ class BatchWriter:
         self.tables = tables
         self.metrics = metrics
         self.faults = faults or Faults()
+        self.clocks = BatchClocks(spark, checkpoint_location(settings), self.faults.now)
         self.rules = Rules.from_settings(settings, tables.evolved_columns())
         self.reports: list[BatchReport] = []
         self.newest_event = 0.0
 
     def __call__(self, raw: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        info = batch.BatchInfo(batch_id, datetime.now(UTC))
-        # Stable across restarts from the same checkpoint, new when the checkpoint is deleted.
-        query_id = self.spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "no-query"
+        query_id = self._query_id()
+        info = batch.BatchInfo(batch_id, self.clocks.for_batch(batch_id))
         steps: dict[str, float] = {}
         validated = batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -103,6 +103,17 @@ class BatchWriter:
             validated.unpersist()
         self._record(report)
         self.faults.crash_if("after_batch", batch_id)
+
+    def _query_id(self) -> str:
+        """The transaction ids' base: stable across restarts from one checkpoint, new when it is deleted."""
+        query_id = self.spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if not query_id:
+            # A constant instead would make a reset checkpoint's batches 0, 1, ... look already committed.
+            raise CheckpointError(
+                "The streaming query id is missing from the batch's context, so its writes can't be made "
+                "exactly-once. Run the batch writer inside a streaming query (foreachBatch)."
+            )
+        return str(query_id)
 
     def _evolve(self, raw: DataFrame, validated: DataFrame, names: list[str], info: batch.BatchInfo) -> DataFrame:
         """Add new optional fields as columns (inferred types), or mark the ones that can't evolve."""

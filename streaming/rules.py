@@ -20,6 +20,9 @@ from streaming.schema import Column as SchemaColumn
 SEVERITY: dict[str, int] = {"ok": 0, "warn": 1, "drop": 2, "quarantine": 3, "fail": 4}
 ACTION_BY_SEVERITY: dict[int, str] = {v: k for k, v in SEVERITY.items()}
 STRING_FIELDS = frozenset(c.name for c in EVENT_FIELDS if isinstance(c.type, T.StringType))
+# event_time (epoch ms) must be a timestamp and a date Spark, Delta and Python can all hold: years 1..9999.
+MIN_EVENT_TIME_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+MAX_EVENT_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 @dataclass(frozen=True)
@@ -109,13 +112,15 @@ def reason_codes(rules: Rules, now_ms: int) -> Column:
 
     version = typed["schema_version"]
     event_time = typed["event_time"]
+    storable = event_time.between(MIN_EVENT_TIME_MS, MAX_EVENT_TIME_MS)
     values = [
         _code(
             is_object & version.isNotNull() & ~version.isin(list(rules.schema_versions)),
             "unknown_schema_version",
         ),
-        _code(is_object & (event_time > now_ms + rules.max_future_skew_ms), "event_time_in_future"),
-        _code(is_object & (event_time < now_ms - rules.max_lateness_ms), "event_time_too_old"),
+        _code(is_object & event_time.isNotNull() & ~storable, "unstorable_event_time"),
+        _code(is_object & storable & (event_time > now_ms + rules.max_future_skew_ms), "event_time_in_future"),
+        _code(is_object & storable & (event_time < now_ms - rules.max_lateness_ms), "event_time_too_old"),
     ]
     # A malformed object whose corruption no field explains (deep nesting, a bad token) is still malformed.
     codes = F.array_compact(F.array(*envelope, *per_field, *values))

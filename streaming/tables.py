@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date
 from functools import reduce
 from typing import TypeVar
 
@@ -90,7 +90,7 @@ def retry_on_conflict(
     raise AssertionError("unreachable")
 
 
-def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[datetime, datetime]]) -> Column:
+def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[int, int]]) -> Column:
     """t.event_id = s.event_id, narrowed by literal partition dates and event-time ranges.
 
     The literals let Delta prune partitions, and the ranges let it skip files by min/max statistics, so
@@ -100,9 +100,14 @@ def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[datet
     if dates:
         condition = condition & F.col("t.event_date").isin([F.lit(d) for d in sorted(set(dates))])
     if ranges:
-        within = [F.col("t.event_time").between(F.lit(low), F.lit(high)) for low, high in ranges]
+        within = [F.col("t.event_time").between(_timestamp(low), _timestamp(high)) for low, high in ranges]
         condition = condition & reduce(operator.or_, within)
     return condition
+
+
+def _timestamp(epoch_ms: int) -> Column:
+    """A timestamp literal from epoch milliseconds: the same instant whatever the process's timezone."""
+    return F.timestamp_millis(F.lit(epoch_ms))
 
 
 def newer_than_target() -> Column:
@@ -174,7 +179,7 @@ class LakeTables:
         self,
         source: DataFrame,
         dates: Sequence[date],
-        ranges: Sequence[tuple[datetime, datetime]],
+        ranges: Sequence[tuple[int, int]],
         txn: Txn | None,
         evolve: bool,
     ) -> MergeResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
@@ -241,3 +241,47 @@ def test_rules_follow_config(tmp_path: Any) -> None:
     settings = load_settings(env={"IOTLAKE_VALIDATION__RANGES": "{battery_v: {min: 1, max: 2}}"})
     rules = Rules.from_settings(settings)
     assert dict(rules.ranges).keys() == {"battery_v"}
+
+
+EXTREME_TIMES: list[tuple[str, Any, str]] = [
+    # (name, event_time as sent, the rule it fails)
+    ("epoch zero", 0, "event_time_too_old"),
+    ("negative", -1, "event_time_too_old"),
+    ("year 33658", 10**15, "unstorable_event_time"),
+    ("long max", 2**63 - 1, "unstorable_event_time"),
+    ("long min", -(2**63), "unstorable_event_time"),
+    ("beyond long", 2**64, "wrong_type:event_time"),
+    ("a float", 1.5, "wrong_type:event_time"),
+    ("a float in exponent form", 1e15, "wrong_type:event_time"),
+    ("a string", "soon", "wrong_type:event_time"),
+]
+
+
+@pytest.mark.parametrize("time_action", ["warn", "drop", "quarantine"])
+@pytest.mark.parametrize("unstorable_action", ["quarantine", "drop"])
+def test_extreme_event_times_land_where_their_action_says_and_never_break_the_batch(
+    spark: SparkSession, local_settings: Settings, time_action: str, unstorable_action: str
+) -> None:
+    actions = {
+        "event_time_in_future": time_action,
+        "event_time_too_old": time_action,
+        "unstorable_event_time": unstorable_action,
+    }
+    settings = replace(local_settings, validation=replace(local_settings.validation, actions=actions))
+    rules = Rules.from_settings(settings)
+    values = [encode(event(event_id=f"e{i}", seq=i, event_time=t)) for i, (_, t, _) in enumerate(EXTREME_TIMES)]
+    validated = batch.validate(kafka_rows(spark, [*values, encode(event(event_id="fine"))]), rules, INFO)
+    got = {r.offset: (list(r.reasons), r.action) for r in validated.select("offset", "reasons", "action").collect()}
+    for offset, (name, _, rule) in enumerate(EXTREME_TIMES):
+        expected = {"unstorable_event_time": unstorable_action, "event_time_too_old": time_action}.get(
+            rule, "quarantine"
+        )
+        assert got[offset] == ([rule], expected), name
+    # The driver's arithmetic (dates, ranges) and the readings' timestamps hold whatever was kept.
+    stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
+    kept = {r.event_id: r for r in batch.readings(validated, rules, INFO).collect()}
+    assert set(kept) == ({"fine", "e0", "e1"} if time_action == "warn" else {"fine"})
+    assert min(stats.dates) == (date(1969, 12, 31) if time_action == "warn" else NOW.date())
+    assert batch.time_ranges(stats.buckets)
+    quarantined = {r.raw_value for r in batch.quarantine(validated, INFO).collect()}
+    assert len(quarantined) == sum(a == "quarantine" for _, a in got.values())

@@ -13,7 +13,11 @@ from pyspark.sql import SparkSession
 
 from streaming import batch
 from streaming.batch import MAX_TIME_RANGES, time_ranges
+from streaming.batch_clock import BatchClocks
 from streaming.config import Settings
+from streaming.errors import CheckpointError
+from streaming.ingest import BatchWriter
+from streaming.metrics import IngestMetrics
 from streaming.rules import Rules
 from streaming.tables import LakeTables, Txn, readings_merge_condition
 from tests.unit.test_batch import NOW, NOW_MS, encode, event, kafka_rows
@@ -102,13 +106,15 @@ def test_device_state_never_goes_back_in_time(spark: SparkSession, tables: LakeT
 
 
 def test_merge_condition_carries_literal_partitions_and_time_ranges(spark: SparkSession) -> None:
-    low = datetime(2026, 11, 30, 1)
-    ranges = [(low, low + timedelta(hours=1)), (low + timedelta(hours=5), low + timedelta(hours=6))]
+    low = int(datetime(2026, 11, 30, 1, tzinfo=UTC).timestamp() * 1000)
+    hour = 3_600_000
+    ranges = [(low, low + hour), (low + 5 * hour, low + 6 * hour)]
     cond = readings_merge_condition([date(2026, 11, 30), date(2026, 11, 29), date(2026, 11, 30)], ranges)
     text = str(cond)
     assert "in(t.event_date, 2026-11-29, 2026-11-30)" in text  # literal, sorted, deduplicated
-    assert ">=(t.event_time, 2026-11-30 01:00:00" in text and "<=(t.event_time, 2026-11-30 02:00:00" in text
-    assert ">=(t.event_time, 2026-11-30 06:00:00" in text and "or(" in text
+    assert f">=(t.event_time, timestamp_millis({low}))" in text
+    assert f"<=(t.event_time, timestamp_millis({low + hour}))" in text
+    assert f">=(t.event_time, timestamp_millis({low + 5 * hour}))" in text and "or(" in text
     assert "=(t.event_id, s.event_id)" in text
 
 
@@ -116,20 +122,11 @@ def test_time_ranges_join_contiguous_buckets_and_cap_their_number() -> None:
     width = 600_000
     base = 2_900_000  # bucket numbers: epoch ms // width
     ranges = time_ranges([base, base + 1, base + 2, base + 30, base + 2], width)
-    assert ranges == [
-        (
-            datetime.fromtimestamp(base * 600, UTC).replace(tzinfo=None),
-            datetime.fromtimestamp((base + 3) * 600 - 0.001, UTC).replace(tzinfo=None),
-        ),
-        (
-            datetime.fromtimestamp((base + 30) * 600, UTC).replace(tzinfo=None),
-            datetime.fromtimestamp((base + 31) * 600 - 0.001, UTC).replace(tzinfo=None),
-        ),
-    ]
+    assert ranges == [(base * width, (base + 3) * width - 1), ((base + 30) * width, (base + 31) * width - 1)]
     many = time_ranges(range(base, base + 200, 2), width)  # 100 isolated buckets
     assert len(many) == MAX_TIME_RANGES
-    assert many[0][0] == datetime.fromtimestamp(base * 600, UTC).replace(tzinfo=None)
-    assert many[-1][1] == datetime.fromtimestamp((base + 199) * 600 - 0.001, UTC).replace(tzinfo=None)
+    assert many[0][0] == base * width
+    assert many[-1][1] == (base + 199) * width - 1
     assert time_ranges([]) == []
 
 
@@ -148,3 +145,28 @@ def test_quarantine_append_is_idempotent_per_transaction(spark: SparkSession, ta
     tables.append_quarantine(bad, Txn("q-quarantine", 0))
     tables.append_quarantine(bad, Txn("q-quarantine", 0))
     assert spark.read.format("delta").load(tables.quarantine_uri).count() == 2
+
+
+def test_a_batch_clock_is_recorded_once_and_read_back_on_replay(spark: SparkSession, tmp_path: Path) -> None:
+    clock = [datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)]
+    clocks = BatchClocks(spark, str(tmp_path / "checkpoint"), lambda: clock[0])
+    first = clocks.for_batch(5)
+    assert first == datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)
+    clock[0] = clock[0] + timedelta(days=8)  # the replay runs much later
+    assert clocks.for_batch(5) == first
+    assert clocks.for_batch(6) == datetime(2026, 12, 8, 12, 0, 0, 123000, tzinfo=UTC)
+    # A record cut short by a kill is written again, not trusted.
+    (tmp_path / "checkpoint" / "iotlake" / "clock" / "7").write_text('{"now_')
+    assert clocks.recorded(7) is None
+    assert clocks.for_batch(7) == clocks.for_batch(6)
+
+
+def test_a_batch_outside_a_streaming_query_is_refused_not_given_a_constant_id(
+    spark: SparkSession, tables: LakeTables, tmp_path: Path
+) -> None:
+    """A constant app id after a checkpoint reset would make batches 0, 1, ... look committed: no silent default."""
+    settings = replace(tables.settings, ingest=replace(tables.settings.ingest, checkpoint_location=str(tmp_path)))
+    writer = BatchWriter(spark, settings, tables, IngestMetrics())
+    with pytest.raises(CheckpointError, match="query id is missing"):
+        writer(kafka_rows(spark, [encode(event())]), 0)
+    assert spark.read.format("delta").load(tables.readings_uri).count() == 0
