@@ -285,3 +285,33 @@ def test_extreme_event_times_land_where_their_action_says_and_never_break_the_ba
     assert batch.time_ranges(stats.buckets)
     quarantined = {r.raw_value for r in batch.quarantine(validated, INFO).collect()}
     assert len(quarantined) == sum(a == "quarantine" for _, a in got.values())
+
+
+def test_batch_stats_stay_small_with_100k_distinct_unexpected_keys(spark: SparkSession, rules: Rules) -> None:
+    """A hostile producer sending a new key in every message must not make the driver's stats unbounded."""
+    rows = spark.range(100_000).selectExpr(
+        "cast('k' as binary) as key",
+        f"""cast(concat('{{"event_id": "e', id, '", "device_id": "d", "parcel_id": "p", "seq": ', id,
+            ', "event_time": {NOW_MS - 1000}, "schema_version": 1, "odd_', id, '": 1}}') as binary) as value""",
+        "'t' as topic",
+        "0 as partition",
+        "id as offset",
+        "current_timestamp() as timestamp",
+    )
+    validated = batch.validate(rows, rules, INFO)
+    stats_rows = batch.batch_stats(validated).collect()
+    assert len(stats_rows) <= 10
+    stats = batch.summarize(stats_rows, rules)
+    assert stats.by_action == {"quarantine": 100_000}
+    assert stats.quarantined_by_rule == {"unexpected_field": 100_000}
+
+
+def test_a_failing_rule_is_reported_with_an_example_reason(spark: SparkSession, local_settings: Settings) -> None:
+    settings = replace(
+        local_settings, validation=replace(local_settings.validation, actions={"unexpected_field": "fail"})
+    )
+    rules = Rules.from_settings(settings)
+    values = [encode(event(event_id=f"e{i}", seq=i, **{f"odd_{i}": 1})) for i in range(3)]
+    stats = batch.summarize(batch.batch_stats(batch.validate(kafka_rows(spark, values), rules, INFO)).collect(), rules)
+    ((reason, count),) = stats.failed.items()
+    assert reason.startswith("unexpected_field:odd_") and count == 3

@@ -105,6 +105,17 @@ def test_device_state_never_goes_back_in_time(spark: SparkSession, tables: LakeT
     assert state["d1"] == "newer"
 
 
+@pytest.mark.parametrize("batches", [[["a", "b"]], [["a"], ["b"]], [["b"], ["a"]]], ids=["one", "a-b", "b-a"])
+def test_equal_event_time_and_seq_are_broken_by_one_rule_within_and_across_batches(
+    spark: SparkSession, tables: LakeTables, batches: list[list[str]]
+) -> None:
+    """Two readings of one device with the same (event_time, seq): the larger event_id wins, however batched."""
+    for batch_id, ids in enumerate(batches):
+        write(tables, spark, batch_id, [event(event_id=i, device_id="d1", seq=4, event_time=NOW_MS - 10) for i in ids])
+    state = spark.read.format("delta").load(tables.device_state_uri).collect()
+    assert [(r.device_id, r.event_id) for r in state] == [("d1", "b")]
+
+
 def test_merge_condition_carries_literal_partitions_and_time_ranges(spark: SparkSession) -> None:
     low = int(datetime(2026, 11, 30, 1, tzinfo=UTC).timestamp() * 1000)
     hour = 3_600_000
