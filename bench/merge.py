@@ -13,12 +13,10 @@ is restored (Delta RESTORE) to the version of the size under test, so every run 
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,16 +145,7 @@ class Synth:
         return new.unionByName(late).unionByName(dups).repartition(4, "event_id")
 
 
-def span_helpers() -> tuple[int, Callable[[Iterable[int]], list[tuple[datetime, datetime]]]]:
-    """(TIME_BUCKET_MS, time_ranges) from wherever the streaming package keeps them (batch.py or tables.py)."""
-    for name in ("streaming.batch", "streaming.tables"):
-        module = importlib.import_module(name)
-        if hasattr(module, "time_ranges") and hasattr(module, "TIME_BUCKET_MS"):
-            return int(module.TIME_BUCKET_MS), module.time_ranges
-    raise ImportError("time_ranges / TIME_BUCKET_MS not found in streaming.batch or streaming.tables")
-
-
-def job_span(rows: Any) -> tuple[list[Any], list[tuple[datetime, datetime]]]:
+def job_span(rows: Any) -> tuple[list[Any], list[tuple[int, int]]]:
     """The batch's literal dates and event-time ranges, as streaming/ingest.py derives them for the MERGE.
 
     The job takes the UTC dates and the TIME_BUCKET_MS buckets of the kept rows' event times, and turns the
@@ -164,10 +153,11 @@ def job_span(rows: Any) -> tuple[list[Any], list[tuple[datetime, datetime]]]:
     """
     from pyspark.sql import functions as F
 
-    bucket_ms, time_ranges = span_helpers()
+    from streaming.batch import TIME_BUCKET_MS, time_ranges
+
     span = rows.agg(
         F.collect_set("event_date").alias("dates"),
-        F.collect_set(F.floor(F.unix_millis("event_time") / bucket_ms)).alias("buckets"),
+        F.collect_set(F.floor(F.unix_millis("event_time") / TIME_BUCKET_MS)).alias("buckets"),
     ).first()
     assert span is not None
     return list(span["dates"]), time_ranges(int(b) for b in span["buckets"])

@@ -24,6 +24,8 @@ from streaming.schema import Column as SchemaColumn
 
 KEEP = ("ok", "warn")
 EPOCH = date(1970, 1, 1)
+# A device's newest reading: by event_time, then seq, then event_id, within a batch and across batches alike.
+DEVICE_ORDER = ("event_time", "seq", "event_id")
 DAY_MS = 86_400_000
 TIME_BUCKET_MS = 10 * 60 * 1000  # divides a day: a bucket never spans two event dates
 MAX_TIME_RANGES = 16
@@ -131,12 +133,12 @@ def dedup_first(rows: DataFrame, key: str, order: tuple[str, ...]) -> DataFrame:
 
 
 def latest_per_device(readings_df: DataFrame) -> DataFrame:
-    """The newest reading of each device in the batch by (event_time, seq): the device_state source."""
+    """The newest reading of each device in the batch by DEVICE_ORDER: the device_state source."""
     names = [c.name for c in DEVICE_STATE_COLUMNS if c.name != "ingest_time"]
     extra = [c for c in readings_df.columns if c not in {col.name for col in READINGS_COLUMNS}]
     cols = [*names, *extra, "ingest_time"]
     newest = readings_df.groupBy("device_id").agg(
-        F.max_by(F.struct(*cols), F.struct("event_time", "seq", "event_id")).alias("row"),
+        F.max_by(F.struct(*cols), F.struct(*DEVICE_ORDER)).alias("row"),
     )
     return newest.select("row.*")
 
@@ -161,7 +163,7 @@ class BatchStats:
 
     by_action: dict[str, int]
     quarantined_by_rule: dict[str, int]
-    failed: dict[str, int]  # reason -> messages, for rules whose action is `fail`
+    failed: dict[str, int]  # an example reason -> messages, per group of rules that includes a `fail` one
     dates: tuple[date, ...]  # event dates of the kept rows: the MERGE's literal partitions
     buckets: tuple[int, ...]  # event-time buckets (epoch ms // TIME_BUCKET_MS) of the kept rows
     newest_event_ms: int | None  # the newest event time among the kept rows
@@ -176,14 +178,21 @@ class BatchStats:
 
 
 def batch_stats(validated: DataFrame) -> DataFrame:
-    """Rows per (action, reasons, event-time bucket of kept rows), with their newest event time.
+    """Rows per (action, rules failed, event-time bucket of kept rows), with an example reason and the newest time.
 
-    Only counts and a max: a hash aggregate, a handful of rows. Dates follow from the buckets.
+    Only counts and a max: a hash aggregate, a handful of rows. Grouped by rule names, not reason codes, because
+    codes like `unexpected_field:<key>` carry names from the messages: a producer could make them unbounded.
+    Dates follow from the buckets.
     """
     kept = F.col("action").isin(*KEEP)
     event_ms = F.col("typed.event_time")
-    return validated.groupBy("action", "reasons", F.when(kept, F.floor(event_ms / TIME_BUCKET_MS)).alias("bucket")).agg(
-        F.count(F.lit(1)).alias("rows"), F.max(F.when(kept, event_ms)).alias("newest")
+    rules = F.array_sort(F.array_distinct(F.transform("reasons", lambda r: F.split(r, ":", 2)[0])))
+    return validated.groupBy(
+        "action", rules.alias("rules"), F.when(kept, F.floor(event_ms / TIME_BUCKET_MS)).alias("bucket")
+    ).agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.max(F.when(kept, event_ms)).alias("newest"),
+        F.min("reasons").alias("example"),
     )
 
 
@@ -200,15 +209,16 @@ def summarize(rows: list[Row], rules: Rules) -> BatchStats:
     buckets: set[int] = set()
     newest: int | None = None
     for row in rows:
-        action, reasons, count = row["action"], row["reasons"], row["rows"]
+        action, count = row["action"], row["rows"]
         by_action[action] = by_action.get(action, 0) + count
         if action == "quarantine":
-            for rule in {r.split(":")[0] for r in reasons}:
+            for rule in row["rules"]:
                 by_rule[rule] = by_rule.get(rule, 0) + count
         if action == "fail":
-            for reason in reasons:
+            for reason in row["example"]:
                 if rules.action(reason.split(":")[0]) == "fail":
                     failed[reason] = failed.get(reason, 0) + count
+                    break
         if row["bucket"] is not None:
             buckets.add(int(row["bucket"]))
         if row["newest"] is not None:

@@ -24,9 +24,11 @@ class BatchClocks:
     """`<checkpoint>/iotlake/clock/<batch id>` holds the batch's clock in epoch milliseconds (local or s3a://)."""
 
     def __init__(self, spark: SparkSession, checkpoint: str, now: Callable[[], datetime]) -> None:
-        self._jvm: Any = spark._jvm
-        self._dir = self._jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/{CLOCK_DIR}")
-        self._fs = self._dir.getFileSystem(spark._jsc.hadoopConfiguration())
+        jvm: Any = spark._jvm
+        jsc: Any = spark._jsc
+        self._jvm = jvm
+        self._dir = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/{CLOCK_DIR}")
+        self._fs = self._dir.getFileSystem(jsc.hadoopConfiguration())
         self._now = now
 
     def _path(self, batch_id: int) -> Any:

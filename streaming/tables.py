@@ -16,6 +16,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from streaming.batch import DEVICE_ORDER
 from streaming.config import Settings, TableConfig
 from streaming.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
 from streaming.schema import Column as SchemaColumn
@@ -111,9 +112,15 @@ def _timestamp(epoch_ms: int) -> Column:
 
 
 def newer_than_target() -> Column:
-    """SEQUENCE BY (event_time, seq): the source row replaces the target only when it is newer."""
-    s_time, t_time = F.col("s.event_time"), F.col("t.event_time")
-    return (s_time > t_time) | ((s_time == t_time) & (F.col("s.seq") > F.col("t.seq")))
+    """SEQUENCE BY (event_time, seq, event_id): the source row replaces the target only when it is newer.
+
+    The same order as batch.latest_per_device, so a tie is broken one way however the readings were batched.
+    """
+    newer = F.lit(False)
+    for name in reversed(DEVICE_ORDER):
+        s_col, t_col = F.col(f"s.{name}"), F.col(f"t.{name}")
+        newer = (s_col > t_col) | ((s_col == t_col) & newer)
+    return newer
 
 
 class LakeTables:
