@@ -65,6 +65,26 @@ def test_readings_merge_ignores_events_already_in_the_table(spark: SparkSession,
     assert ids == ["a", "b", "c"]
 
 
+def test_the_dedup_key_is_event_id_and_event_time_across_batches_and_dates(
+    spark: SparkSession, tables: LakeTables
+) -> None:
+    """A re-send (same event_id and event_time) is stored once; the same event_id at another time is another reading."""
+    t1 = NOW_MS - 1000
+    same_bucket, other_day = t1 - 60_000, t1 - 86_400_000
+    write(tables, spark, 0, [event(event_id="x", event_time=t1)])
+    write(
+        tables,
+        spark,
+        1,
+        [event(event_id="x", event_time=same_bucket, seq=2), event(event_id="x", event_time=other_day)],
+    )
+    write(tables, spark, 2, [event(event_id="x", event_time=t1), event(event_id="x", event_time=other_day, seq=3)])
+    write(tables, spark, 3, [event(event_id="x", event_time=same_bucket, seq=4)] * 2)
+    rows = spark.read.format("delta").load(tables.readings_uri).collect()
+    stored = sorted((r.event_id, int(r.event_time.timestamp() * 1000), r.seq) for r in rows)
+    assert stored == [("x", other_day, 1), ("x", same_bucket, 2), ("x", t1, 1)]
+
+
 def test_replayed_batch_changes_nothing(spark: SparkSession, tables: LakeTables) -> None:
     write(tables, spark, 0, [event(event_id="a", seq=1)])
     versions = (tables.version(tables.readings_uri), tables.version(tables.device_state_uri))
