@@ -24,6 +24,8 @@ from streaming.schema import Column as SchemaColumn
 
 KEEP = ("ok", "warn")
 EPOCH = date(1970, 1, 1)
+# A reading's identity: a re-send (same id, same time) is a duplicate; the same id at another time is another reading.
+READING_KEY = ("event_id", "event_time")
 # A device's newest reading: by event_time, then seq, then event_id, within a batch and across batches alike.
 DEVICE_ORDER = ("event_time", "seq", "event_id")
 DAY_MS = 86_400_000
@@ -103,7 +105,7 @@ def _ingest_columns(info: BatchInfo) -> list[Column]:
 
 
 def readings(validated: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
-    """Rows to keep (action ok or warn), one per event_id: the first by Kafka (partition, offset)."""
+    """Rows to keep (action ok or warn), one per READING_KEY: the first by Kafka (partition, offset)."""
     event_time_ms = F.col("typed.event_time")
     fields = [
         F.timestamp_millis(event_time_ms).alias(name) if name == "event_time" else F.col(f"typed.{name}").alias(name)
@@ -120,13 +122,13 @@ def readings(validated: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
         .alias("warnings"),
         *extra,
     )
-    return dedup_first(rows, "event_id", ("kafka_partition", "kafka_offset"))
+    return dedup_first(rows, READING_KEY, ("kafka_partition", "kafka_offset"))
 
 
-def dedup_first(rows: DataFrame, key: str, order: tuple[str, ...]) -> DataFrame:
+def dedup_first(rows: DataFrame, key: tuple[str, ...], order: tuple[str, ...]) -> DataFrame:
     """One row per key: the smallest by `order`, so a replayed batch picks the same row."""
     columns = rows.columns
-    picked = rows.groupBy(key).agg(
+    picked = rows.groupBy(*key).agg(
         F.min_by(F.struct(*columns), F.struct(*order)).alias("row"),
     )
     return picked.select("row.*")

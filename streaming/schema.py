@@ -17,7 +17,7 @@ class Column:
 
 # The JSON event as sensor-sim and real devices send it (schema_version 1).
 EVENT_FIELDS: tuple[Column, ...] = (
-    Column("event_id", T.StringType(), "Globally unique id of the reading; the dedup key"),
+    Column("event_id", T.StringType(), "Id of the reading; with event_time, the dedup key"),
     Column("device_id", T.StringType(), "Sensor device id"),
     Column("parcel_id", T.StringType(), "Farm parcel the device is installed on"),
     Column("seq", T.LongType(), "Per-device sequence number, increasing"),

@@ -16,7 +16,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming.batch import DEVICE_ORDER
+from streaming.batch import DEVICE_ORDER, READING_KEY
 from streaming.config import Settings, TableConfig
 from streaming.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
 from streaming.schema import Column as SchemaColumn
@@ -92,12 +92,12 @@ def retry_on_conflict(
 
 
 def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[int, int]]) -> Column:
-    """t.event_id = s.event_id, narrowed by literal partition dates and event-time ranges.
+    """The reading's key (event_id, event_time), narrowed by literal partition dates and event-time ranges.
 
     The literals let Delta prune partitions, and the ranges let it skip files by min/max statistics, so
     a batch never scans the whole table. Built from typed values, never from message text.
     """
-    condition = (F.col("t.event_id") == F.col("s.event_id")) & (F.col("t.event_date") == F.col("s.event_date"))
+    condition = reduce(operator.and_, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in (*READING_KEY, "event_date")])
     if dates:
         condition = condition & F.col("t.event_date").isin([F.lit(d) for d in sorted(set(dates))])
     if ranges:
