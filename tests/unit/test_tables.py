@@ -143,9 +143,9 @@ def test_merge_condition_carries_literal_partitions_and_time_ranges(spark: Spark
     cond = readings_merge_condition([date(2026, 11, 30), date(2026, 11, 29), date(2026, 11, 30)], ranges)
     text = str(cond)
     assert "in(t.event_date, 2026-11-29, 2026-11-30)" in text  # literal, sorted, deduplicated
-    assert f">=(t.event_time, timestamp_millis({low}))" in text
-    assert f"<=(t.event_time, timestamp_millis({low + hour}))" in text
-    assert f">=(t.event_time, timestamp_millis({low + 5 * hour}))" in text and "or(" in text
+    assert f">=(t.event_time, timestamp_millis({low}L))" in text
+    assert f"<=(t.event_time, timestamp_millis({low + hour}L))" in text
+    assert f">=(t.event_time, timestamp_millis({low + 5 * hour}L))" in text and "or(" in text
     assert "=(t.event_id, s.event_id)" in text
 
 
