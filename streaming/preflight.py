@@ -71,9 +71,9 @@ def check_storage(settings: Settings) -> None:
         return
     from minio.error import S3Error
 
-    from streaming.session import storage_conf
+    from streaming.session import storage_credentials
 
-    storage_conf(settings)  # raises CredentialsError when the keys are missing
+    storage_credentials(settings)  # raises CredentialsError when the keys are missing
     client = minio_client(settings)
     try:
         # A listing (not HEAD) so that errors come with their code: NoSuchBucket, InvalidAccessKeyId, ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -57,8 +58,13 @@ def check_java() -> None:
         raise JavaMissingError(f"`{java} -version` failed ({e}). Reinstall Java 17+ or point JAVA_HOME at it.") from e
 
 
-def storage_conf(settings: Settings) -> dict[str, str]:
-    """S3A options for the object store, with the writer's key (never the root user)."""
+# Spark's default spark.redaction.regex: the names of settings that hold credentials.
+CREDENTIAL_NAME = re.compile(r"secret|password|token|access[.]?key", re.IGNORECASE)
+HADOOP_PREFIX = "spark.hadoop."
+
+
+def storage_credentials(settings: Settings) -> dict[str, str]:
+    """The writer's key (never the root user) as Hadoop options, for the running JVM (see build_session)."""
     s = settings.storage
     if not s.is_s3:
         return {}
@@ -67,14 +73,36 @@ def storage_conf(settings: Settings) -> dict[str, str]:
             "No S3 credentials for the writer. Run `make up` (it generates the keys into "
             f"{resolve_path(s.secrets_file)}), or set IOTLAKE_STORAGE__ACCESS_KEY and IOTLAKE_STORAGE__SECRET_KEY."
         )
+    return {"fs.s3a.access.key": s.access_key, "fs.s3a.secret.key": s.secret_key}
+
+
+def storage_conf(settings: Settings) -> dict[str, str]:
+    """S3A options for the object store, without credentials (storage_credentials has those)."""
+    s = settings.storage
+    if not s.is_s3:
+        return {}
     return {
         "spark.hadoop.fs.s3a.endpoint": s.endpoint,
         "spark.hadoop.fs.s3a.endpoint.region": s.region,
         "spark.hadoop.fs.s3a.path.style.access": str(s.path_style_access).lower(),
         "spark.hadoop.fs.s3a.connection.ssl.enabled": str(s.ssl_enabled).lower(),
-        "spark.hadoop.fs.s3a.access.key": s.access_key,
-        "spark.hadoop.fs.s3a.secret.key": s.secret_key,
     }
+
+
+def split_credentials(conf: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(launch conf, Hadoop credentials): `spark.hadoop.*` entries named like credentials, prefix stripped,
+    go to the second.
+
+    PySpark hands every builder conf to spark-submit as `--conf k=v`, so it ends up in the JVM's command
+    line, which every local user can read (`ps`, /proc/<pid>/cmdline).
+    """
+    launch, hidden = {}, {}
+    for key, value in conf.items():
+        if key.startswith(HADOOP_PREFIX) and CREDENTIAL_NAME.search(key):
+            hidden[key.removeprefix(HADOOP_PREFIX)] = value
+        else:
+            launch[key] = value
+    return launch, hidden
 
 
 def session_conf(
@@ -94,16 +122,22 @@ def session_conf(
 def build_session(
     settings: Settings, app_name: str | None = None, extra_conf: Mapping[str, str] | None = None
 ) -> SparkSession:
-    """The SparkSession used by the jobs and the tests alike."""
+    """The SparkSession used by the jobs and the tests alike.
+
+    Credentials never go on the JVM's command line: they are set on the SparkContext's Hadoop configuration
+    once the JVM runs, before anything opens an s3a:// path. Spark SQL copies that configuration into every
+    job (executors on a cluster get it with the tasks).
+    """
     from delta import configure_spark_with_delta_pip
 
     check_java()
+    credentials = storage_credentials(settings)  # missing keys fail here, before the JVM starts
     jar = None
     if needs_jar(settings):
         # Built by `make install`; built here too when missing (an edited source, a cleared cache): ~5 s, once.
         jar, _ = ensure_jar(settings)
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name or settings.spark.app_name)
-    conf = session_conf(settings, extra_conf, jar)
+    conf, hidden = split_credentials(session_conf(settings, extra_conf, jar))
     jars = conf.pop("spark.jars", None)
     if jars:
         # spark-submit merges --jars with the resolved spark.jars.packages into spark.jars. A spark.jars set on
@@ -113,6 +147,9 @@ def build_session(
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES)).getOrCreate()
+    hadoop_conf = spark._jsc.hadoopConfiguration()
+    for key, value in {**credentials, **hidden}.items():  # config's spark.conf overrides the storage keys
+        hadoop_conf.set(key, value)
     spark.sparkContext.setLogLevel("WARN")
     return spark
 

@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 from streaming import logstore
 from streaming.config import PROJECT_ROOT, Settings, load_settings, resolve_path
 from streaming.preflight import minio_client
-from streaming.session import session_conf
+from streaming.session import session_conf, storage_credentials
 from streaming.status import delta_rs_uri, delta_storage_options
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -63,12 +63,14 @@ def harness_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _hadoop_properties(settings: Settings, path: Path) -> Path:
-    """The session's `spark.hadoop.*` conf (endpoint, writer key, S3A options) as a Hadoop properties file."""
+    """The session's `spark.hadoop.*` conf (endpoint, S3A options) and the writer's key as a Hadoop properties
+    file."""
     lines = [
         f"{key.removeprefix('spark.hadoop.')}={value}"
         for key, value in session_conf(settings).items()
         if key.startswith("spark.hadoop.")
     ]
+    lines += [f"{key}={value}" for key, value in storage_credentials(settings).items()]
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
     return path

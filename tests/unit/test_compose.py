@@ -422,6 +422,49 @@ def test_no_secret_literal_in_the_compose_file(raw: dict[str, Any]) -> None:
         assert re.findall(rf"\$\{{{name}(\W)", text) and set(re.findall(rf"\$\{{{name}(\W)", text)) == {":"}, name
 
 
+# A variable reference (${VAR...}, $VAR, or $$VAR for the container's shell) and Spark's default
+# spark.redaction.regex, which names credential-like settings (fs.s3a.secret.key, --password, ...).
+VAR_REF = re.compile(r"\$\$?\{?([A-Za-z_][A-Za-z0-9_]*)")
+CREDENTIAL_WORD = re.compile(r"secret|password|token|access[._-]?key", re.IGNORECASE)
+
+
+def _secret_arguments(argv: Any) -> list[str]:
+    """The arguments of a command that reference a secret variable or name a credential."""
+    args = [argv] if isinstance(argv, str) else list(argv or [])
+    bad = []
+    for arg in map(str, args):
+        names = VAR_REF.findall(arg)
+        if any(n in compose.SECRET_VARS or SECRET_NAME.search(n) for n in names) or CREDENTIAL_WORD.search(arg):
+            bad.append(arg)
+    return bad
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["server", "/data", "--password", "${MINIO_ROOT_PASSWORD:?x}"],
+        ["sh", "-c", 'mc alias set local http://minio:9000 "$$MINIO_ROOT_USER" x'],
+        "iotlake ingest --conf spark.hadoop.fs.s3a.secret.key=abc",
+        ["iotlake", "ingest", "$IOTLAKE_WRITER_ACCESS_KEY"],
+    ],
+)
+def test_secret_argument_detector_catches_references_and_credential_flags(argv: Any) -> None:
+    assert _secret_arguments(argv)
+
+
+def test_no_service_passes_a_secret_in_its_command(raw: dict[str, Any]) -> None:
+    """Arguments are world-readable (`ps`, /proc/<pid>/cmdline); secrets go through `environment:` only."""
+    checked = 0
+    for name, svc in raw["services"].items():
+        for field in ("command", "entrypoint"):
+            if field in svc:
+                checked += 1
+                assert not _secret_arguments(svc[field]), f"{name}.{field}: {_secret_arguments(svc[field])}"
+        test = (svc.get("healthcheck") or {}).get("test")
+        assert not _secret_arguments(test), f"{name}.healthcheck.test: {_secret_arguments(test)}"
+    assert checked >= 8, "every long-running service and job has a command"
+
+
 def test_env_example_holds_no_secret_and_every_generated_name(env: dict[str, str]) -> None:
     example = compose.parse_env(compose.ENV_EXAMPLE.read_text())
     for name in compose.GENERATED_VARS:
