@@ -34,7 +34,8 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     inst = install(layout, echo)
     layout.make_dirs()
     secrets_path = resolve_path(settings.storage.secrets_file)
-    secrets = sec.ensure_secrets_file(secrets_path)
+    sasl = kafka.sasl_listener(settings)
+    secrets = sec.ensure_secrets_file(secrets_path, extra=(sec.KAFKA_SASL_PASSWORD,) if sasl else ())
 
     kafka.check_can_start(settings, layout)  # all checked before any starts
     minio.check_can_start(settings, layout)
@@ -42,7 +43,7 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
         spark_cluster.check_can_start(settings, layout)
     prom.check_can_start(settings, layout)
     started = time.monotonic()
-    kafka_pid, kafka_reused = kafka.launch(settings, layout, inst)
+    kafka_pid, kafka_reused = kafka.launch(settings, layout, inst, secrets.get(sec.KAFKA_SASL_PASSWORD))
     minio_started = time.monotonic()
     minio_pid, minio_reused = minio.launch(settings, layout, inst, secrets)
     prom_started = time.monotonic()
@@ -58,6 +59,11 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     verb = "running already" if kafka_reused else "started"
     brokers = settings.kafka.bootstrap_servers
     _timed(echo, started, f"kafka: {verb}, pid {kafka_pid}, {brokers}, ready")
+    if sasl is not None and echo is not None:
+        echo(
+            f"kafka: SASL_PLAINTEXT listener on {sasl} (mechanism PLAIN, user {kafka.SASL_USER!r}, password "
+            f"{sec.KAFKA_SASL_PASSWORD} in {secrets_path})"
+        )
 
     started = time.monotonic()
     minio.bootstrap(settings, secrets)
@@ -106,6 +112,7 @@ def status(settings: Settings, layout: StackLayout | None = None) -> dict[str, A
             "state": _state(kafka_pid, lambda: kafka.answers(str(kafka_addr), timeout=2.0)),
             "pid": kafka_pid,
             "address": settings.kafka.bootstrap_servers,
+            "sasl_address": str(sasl) if (sasl := kafka.sasl_listener(settings)) else None,
             "nodes": {str(node_id): pid for node_id, pid in kafka.running_nodes(layout).items()},
             "topic": settings.kafka.topic,
             "log": str(layout.log("kafka")),

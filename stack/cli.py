@@ -80,6 +80,7 @@ def format_status(info: dict[str, Any]) -> str:
             continue
         pid = f"pid {svc['pid']}" if svc["pid"] else "-"
         extra = f" (console {svc['console']})" if "console" in svc else ""
+        extra += f" (SASL {svc['sasl_address']})" if svc.get("sasl_address") else ""
         lines.append(f"{name:<12} {svc['state']:<14} {pid:<10} {svc['address']}{extra}  log {svc['log']}")
     lines.append(f"{'home':<12} {info['home']}  cache {info['cache']}")
     return "\n".join(lines)

@@ -1,4 +1,8 @@
-"""Kafka (KRaft) on loopback: node 1 broker + controller, optionally node 2 broker only; idempotent topics."""
+"""Kafka (KRaft) on loopback: node 1 broker + controller, optionally node 2 broker only; idempotent topics.
+
+With kafka.sasl_listener_port, node 1 also offers a SASL_PLAINTEXT listener (mechanism PLAIN) for user
+SASL_USER, whose password is generated into the secrets file; server.properties, which holds it, is mode 0600.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stack import proc
+from stack import secrets as sec
 from stack.addresses import MAX_KAFKA_NODES, HostPort, bind_host, kafka_controller, kafka_listeners
 from stack.install import Installed
 from stack.layout import StackLayout
@@ -26,6 +31,10 @@ MESSAGE_MAX_BYTES = 2 * 1024 * 1024
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 SETTING = "kafka.bootstrap_servers (IOTLAKE_KAFKA__BOOTSTRAP_SERVERS)"
+SASL_SETTING = "kafka.sasl_listener_port (IOTLAKE_KAFKA__SASL_LISTENER_PORT)"
+SASL_LISTENER = "SASL"
+SASL_USER = "iotlake"
+PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
 
 
 def _quiet_logger() -> logging.Logger:
@@ -91,25 +100,64 @@ def nodes(settings: Settings, layout: StackLayout) -> list[Node]:
     ]
 
 
-def server_properties(settings: Settings, layout: StackLayout, node_id: int = 1) -> str:
+def sasl_listener(settings: Settings) -> HostPort | None:
+    """Node 1's SASL_PLAINTEXT listener (kafka.sasl_listener_port on node 1's host), or None when not asked for."""
+    port = settings.kafka.sasl_listener_port
+    if not port:
+        return None
+    listeners = kafka_listeners(settings.kafka.bootstrap_servers)
+    if len(listeners) > 1:
+        raise StackError(
+            f"{SASL_SETTING}: the SASL listener is offered only on a one-node stack (clients of a listener must "
+            "reach every broker through it). List one broker in kafka.bootstrap_servers, or set the port to 0."
+        )
+    if port in {listener.port for listener in listeners}:
+        raise StackError(f"kafka.sasl_listener_port {port} is a broker port. Give the SASL listener a port of its own.")
+    if port == kafka_controller(listeners[0]).port:
+        raise StackError(
+            f"kafka.sasl_listener_port {port} is the controller port (broker port + 1). Give the SASL listener "
+            "a port of its own."
+        )
+    return HostPort(listeners[0].host, port)
+
+
+def jaas_quote(value: str) -> str:
+    """A JAAS option value in double quotes, backslash-escaped."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def server_properties(
+    settings: Settings, layout: StackLayout, node_id: int = 1, sasl_password: str | None = None
+) -> str:
     """server.properties of one KRaft node on loopback (node 1: broker + controller on broker port + 1;
-    node 2: broker only, voting with node 1's controller)."""
+    node 2: broker only, voting with node 1's controller).
+
+    With kafka.sasl_listener_port, node 1 also listens for SASL_PLAINTEXT; its PLAIN user SASL_USER is written
+    only when `sasl_password` is given (comparing the addresses of a running node doesn't need it).
+    """
     node = nodes(settings, layout)[node_id - 1]
     host = bind_host(node.listener)
     controller_host = bind_host(node.controller)
     listeners = f"PLAINTEXT://{host}:{node.listener.port}"
+    advertised = f"PLAINTEXT://{node.listener}"
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    sasl = sasl_listener(settings) if node.is_controller else None
     if node.is_controller:
         listeners += f",CONTROLLER://{controller_host}:{node.controller.port}"
+    if sasl is not None:
+        listeners += f",{SASL_LISTENER}://{bind_host(sasl)}:{sasl.port}"
+        advertised += f",{SASL_LISTENER}://{sasl}"
+        protocols += f",{SASL_LISTENER}:SASL_PLAINTEXT"
     replicas = str(node.count)  # internal topics on every node, so they survive losing node 2
     props = {
         "process.roles": "broker,controller" if node.is_controller else "broker",
         "node.id": str(node.node_id),
         "controller.quorum.voters": f"1@{controller_host}:{node.controller.port}",
         "listeners": listeners,
-        "advertised.listeners": f"PLAINTEXT://{node.listener}",
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": protocols,
         "log.dirs": str(node.data),
         "num.partitions": str(settings.kafka.partitions),
         "auto.create.topics.enable": "false",
@@ -123,9 +171,21 @@ def server_properties(settings: Settings, layout: StackLayout, node_id: int = 1)
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
     }
+    if sasl is not None:
+        props["sasl.enabled.mechanisms"] = "PLAIN"
+        if sasl_password is not None:
+            user = f"user_{SASL_USER}={jaas_quote(sasl_password)}"
+            props[f"listener.name.{SASL_LISTENER.lower()}.plain.sasl.jaas.config"] = (
+                f"{PLAIN_LOGIN_MODULE} required {user};"
+            )
     lines = ["# Generated by `python -m stack up` from the iotlake settings; edits are overwritten."]
-    lines += [f"{k}={v}" for k, v in props.items()]
+    lines += [f"{k}={_properties_value(v)}" for k, v in props.items()]
     return "\n".join(lines) + "\n"
+
+
+def _properties_value(value: str) -> str:
+    """A value as java.util.Properties reads it back (backslash is its escape character)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
 
 
 ADDRESS_KEYS = ("listeners", "advertised.listeners", "controller.quorum.voters", "log.dirs")
@@ -196,12 +256,20 @@ def _jvm(inst: Installed, layout: StackLayout, heap: str, name: str = "kafka") -
     ]
 
 
-def _prepare(settings: Settings, layout: StackLayout, inst: Installed, node: Node) -> Path:
-    """Write the node's server.properties (and log4j2.xml into home/kafka); format its storage once."""
+def _prepare(
+    settings: Settings, layout: StackLayout, inst: Installed, node: Node, sasl_password: str | None = None
+) -> Path:
+    """Write the node's server.properties (mode 0600: it may hold the SASL user's password) and log4j2.xml
+    into home/kafka; format its storage once."""
     layout.make_dirs()
     node.data.mkdir(parents=True, exist_ok=True)
     props = node.properties_path
-    props.write_text(server_properties(settings, layout, node.node_id))
+    if node.is_controller and sasl_listener(settings) is not None and not sasl_password:
+        raise StackError(
+            f"{SASL_SETTING} asks for a SASL listener but no password was given for it. Start the stack with "
+            f"`python -m stack up`, which generates {sec.KAFKA_SASL_PASSWORD} into the secrets file."
+        )
+    sec.write_private(props, server_properties(settings, layout, node.node_id, sasl_password))
     (layout.kafka_home / "log4j2.xml").write_bytes(
         resources.files("stack").joinpath("resources", "kafka-log4j2.xml").read_bytes()
     )
@@ -266,14 +334,22 @@ def check_can_start(settings: Settings, layout: StackLayout) -> int | None:
         ports = {"broker": node.listener}
         if node.is_controller:
             ports["controller"] = node.controller
-        proc.require_free_ports(f"Kafka {node.name}", ports, SETTING)
+        sasl = sasl_listener(settings) if node.is_controller else None
+        if sasl is not None:
+            ports["SASL"] = sasl
+        setting = SETTING if sasl is None else f"{SETTING} and {SASL_SETTING}"
+        proc.require_free_ports(f"Kafka {node.name}", ports, setting)
     return running.get(1)
 
 
-def launch(settings: Settings, layout: StackLayout, inst: Installed) -> tuple[int, bool]:
+def launch(
+    settings: Settings, layout: StackLayout, inst: Installed, sasl_password: str | None = None
+) -> tuple[int, bool]:
     """Start every node detached unless it already runs (node 1 first: it holds the quorum).
 
-    Returns node 1's (pid, reused); `wait_ready` then waits for all nodes.
+    `sasl_password` (from the secrets file) is needed when kafka.sasl_listener_port is set; it goes into the
+    0600 server.properties, never onto a command line. Returns node 1's (pid, reused); `wait_ready` then
+    waits for all nodes.
     """
     check_can_start(settings, layout)
     first: tuple[int, bool] | None = None
@@ -282,7 +358,7 @@ def launch(settings: Settings, layout: StackLayout, inst: Installed) -> tuple[in
         pid = proc.read_pid(svc)
         reused = pid is not None
         if pid is None:
-            props = _prepare(settings, layout, inst, node)
+            props = _prepare(settings, layout, inst, node, sasl_password)
             argv = [*_jvm(inst, layout, HEAP, node.name), "kafka.Kafka", str(props)]
             pid = proc.start(svc, argv, cwd=node.home)
         if first is None:

@@ -1,4 +1,5 @@
-"""The generated secrets file: MinIO root credentials and the pipeline's writer/reader keys."""
+"""The generated secrets file: MinIO root credentials, the pipeline's writer/reader keys and, when the native
+Kafka offers a SASL listener, its user's password."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ READER_SECRET_KEY = "IOTLAKE_READER_SECRET_KEY"
 ACCESS_KEYS = (ROOT_USER, WRITER_ACCESS_KEY, READER_ACCESS_KEY)
 SECRET_KEYS = (ROOT_PASSWORD, WRITER_SECRET_KEY, READER_SECRET_KEY)
 NAMES = (ROOT_USER, ROOT_PASSWORD, WRITER_ACCESS_KEY, WRITER_SECRET_KEY, READER_ACCESS_KEY, READER_SECRET_KEY)
+# Generated only when asked for (`extra`): the native Kafka's SASL/PLAIN user's password (kafka.sasl_listener_port).
+KAFKA_SASL_PASSWORD = "IOTLAKE_KAFKA_SASL_PASSWORD"
 
 _ACCESS_ALPHABET = string.ascii_uppercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits
@@ -54,18 +57,21 @@ def render(values: dict[str, str]) -> str:
     return _HEADER + "".join(f"{k}={values[k]}\n" for k in ordered)
 
 
-def ensure_secrets_file(path: Path) -> dict[str, str]:
+def ensure_secrets_file(path: Path, extra: tuple[str, ...] = ()) -> dict[str, str]:
     """Create the secrets file (mode 0600, random values) unless it exists; never regenerate a value.
 
-    A file missing some names gets only those added. Returns all values.
+    A file missing some names (NAMES, and the `extra` secrets asked for) gets only those added. Returns the
+    values of NAMES and `extra`.
     """
+    wanted = (*NAMES, *extra)
     path.parent.mkdir(parents=True, exist_ok=True)
     existing = read_secrets_file(path)
-    missing = [n for n in NAMES if not existing.get(n)]
+    missing = [n for n in wanted if not existing.get(n)]
     if path.exists() and not missing:
         _restrict(path)
-        return {n: existing[n] for n in NAMES}
-    values = {**generate(), **{k: v for k, v in existing.items() if v}}
+        return {n: existing[n] for n in wanted}
+    fresh = {**generate(), **{n: _token(_SECRET_ALPHABET, SECRET_KEY_LENGTH) for n in extra}}
+    values = {**fresh, **{k: v for k, v in existing.items() if v}}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -77,12 +83,27 @@ def ensure_secrets_file(path: Path) -> dict[str, str]:
             try:
                 os.link(tmp, path)  # fails if another process created it meanwhile: theirs wins
             except FileExistsError:
-                return ensure_secrets_file(path)
+                return ensure_secrets_file(path, extra)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     _restrict(path)
-    return {n: values[n] for n in NAMES}
+    return {n: values[n] for n in wanted}
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (mode 0600, also when it existed with a wider mode)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # also if a stale temporary file was there with another mode
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def load(path: Path) -> dict[str, str]:

@@ -118,7 +118,8 @@ def _status(settings: Settings, args: argparse.Namespace) -> int:
         mib = (t["bytes"] or 0) / 2**20
         print(f"{t['name']:<14}{t['version']:>8}{t['rows']:>12}{t['files']:>8}{mib:>10.2f}  {t['last_commit']}")
     s = data["stream"]
-    print(f"\ncheckpoint: {s['checkpoint']}\nlast batch: {s['last_batch_id']}\nkafka lag:  {s['total_lag']} message(s)")
+    lag = f"unknown ({s['kafka_note']})" if s["kafka_note"] else f"{s['total_lag']} message(s)"
+    print(f"\ncheckpoint: {s['checkpoint']}\nlast batch: {s['last_batch_id']}\nkafka lag:  {lag}")
     for partition, lag in sorted(s["lag"].items()):
         print(f"  partition {partition}: {lag}")
     return 0

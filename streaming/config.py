@@ -19,6 +19,19 @@ ENV_NESTING = "__"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "default.yaml"
 SECRET_KEYS = frozenset({"access_key", "secret_key"})
+# kafka.options and spark.conf keys whose values are shown as '***' (case-insensitive): passwords, JAAS configs
+# (they embed one), tokens, credentials, private keys, and S3 keys like Spark's own redaction.
+SECRET_KEY_PATTERN = re.compile(
+    r"password|passwd|secret|token|jaas|credential|access[._-]?key|private[._-]?key|keystore[._-]key",
+    re.IGNORECASE,
+)
+OPTION_MAPPINGS = (("kafka", "options"), ("spark", "conf"))
+
+
+def is_secret_key(key: str) -> bool:
+    """True for an option or conf key whose value must never be shown or logged."""
+    return bool(SECRET_KEY_PATTERN.search(key))
+
 
 ACTIONS = ("quarantine", "drop", "warn", "fail")
 # Rules whose records can't become a reading: keeping them (`warn`) is not an option.
@@ -76,6 +89,8 @@ class KafkaConfig:
     max_offsets_per_trigger: int = 250_000
     fail_on_data_loss: bool = True
     options: Mapping[str, str] = field(default_factory=dict)
+    # Native stack only: node 1 also offers a SASL_PLAINTEXT (PLAIN) listener on this loopback port (0: none).
+    sasl_listener_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -261,6 +276,9 @@ class Settings:
         for key in SECRET_KEYS:
             if data["storage"].get(key):
                 data["storage"][key] = "***"
+        for section, name in OPTION_MAPPINGS:
+            values = data[section][name]
+            data[section][name] = {k: "***" if v and is_secret_key(k) else v for k, v in values.items()}
         return data
 
     def to_json(self) -> str:
@@ -314,9 +332,12 @@ def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> None:
                 raise ConfigError(f"{name}: '{part}' is a value, not a section; it can't hold '{path[-1]}'.")
             node = child
         leaf = path[-1]
-        # Spark conf keys keep their dots and case: IOTLAKE_SPARK__CONF__spark.sql.shuffle.partitions
-        if path[:2] == ["spark", "conf"] and len(path) == 3:
-            leaf = name.split(ENV_NESTING)[-1]
+        # Spark conf and Kafka option keys keep their dots and case, and their values stay text (a JAAS config
+        # or a password is not YAML): IOTLAKE_SPARK__CONF__spark.sql.shuffle.partitions=4,
+        # IOTLAKE_KAFKA__OPTIONS__kafka.sasl.jaas.config='... password="...";'
+        if tuple(path[:2]) in OPTION_MAPPINGS and len(path) == 3:
+            node[name.split(ENV_NESTING)[-1]] = value
+            continue
         node[leaf] = _parse_scalar(value) if leaf not in SECRET_KEYS else value
 
 
@@ -496,6 +517,11 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"kafka.starting_offsets must be 'earliest' or 'latest', got {s.kafka.starting_offsets!r}.")
     if s.kafka.max_offsets_per_trigger < 1:
         raise ConfigError("kafka.max_offsets_per_trigger must be >= 1.")
+    if not 0 <= s.kafka.sasl_listener_port <= 65535:
+        raise ConfigError(
+            f"kafka.sasl_listener_port must be 0..65535 (0: the native stack offers no SASL listener), "
+            f"got {s.kafka.sasl_listener_port}."
+        )
     if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:/", s.storage.base_uri):
         raise ConfigError(
             f"storage.base_uri {s.storage.base_uri!r} needs a scheme, e.g. s3a://BUCKET/prefix or file:/path."

@@ -25,7 +25,7 @@ from pyspark.storagelevel import StorageLevel
 from streaming import batch
 from streaming.batch_clock import BatchClocks
 from streaming.config import Settings, parse_duration, resolve_path
-from streaming.errors import CheckpointError, IotLakeError, ValidationFailure
+from streaming.errors import CheckpointError, CredentialsError, IotLakeError, ValidationFailure
 from streaming.faults import Faults
 from streaming.logstore import check_writers_safe
 from streaming.metrics import IngestMetrics
@@ -369,6 +369,15 @@ def _explain(error: BaseException, settings: Settings) -> IotLakeError:
     marker = f"{ValidationFailure.__name__}:"
     if marker in text:
         return ValidationFailure(text.split(marker, 1)[1].strip().splitlines()[0])
+    # Spark's Kafka client refused by the broker (when preflight could not check the options itself).
+    auth = "SaslAuthenticationException:"
+    if auth in text:
+        return CredentialsError(
+            f"Kafka at {settings.kafka.bootstrap_servers} refused the credentials "
+            f"({text.split(auth, 1)[1].strip().splitlines()[0][:500]}). Fix the username and password in "
+            "kafka.sasl.jaas.config of kafka.options (IOTLAKE_KAFKA__OPTIONS), and kafka.sasl.mechanism if the "
+            "broker expects another mechanism."
+        )
     return IotLakeError(
         f"The streaming query failed: {text.splitlines()[0][:2000]} "
         f"(checkpoint {checkpoint_location(settings)}; the full log is above)."

@@ -12,9 +12,16 @@ from typing import Any
 import pyarrow as pa
 
 from streaming.config import Settings
-from streaming.errors import ServiceUnreachableError
 from streaming.ingest import checkpoint_location
-from streaming.preflight import CHECK_TIMEOUT_S, kafka_client_conf, minio_client
+from streaming.preflight import (
+    CHECK_TIMEOUT_S,
+    SKIPPED,
+    UnmappableKafkaOptions,
+    kafka_client,
+    kafka_failure,
+    kafka_metadata,
+    minio_client,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class StreamStatus:
     committed_offsets: dict[int, int] = field(default_factory=dict)
     latest_offsets: dict[int, int] = field(default_factory=dict)
     lag: dict[int, int] = field(default_factory=dict)
+    kafka_note: str | None = None  # why Kafka's offsets are unknown (then lag is empty, not zero)
 
     @property
     def total_lag(self) -> int:
@@ -145,13 +153,13 @@ def committed_offsets(offsets_text: str, topic: str) -> dict[int, int]:
 
 
 def latest_offsets(settings: Settings) -> dict[int, int]:
-    """The high watermark of every partition of the topic."""
+    """The high watermark of every partition of the topic (UnmappableKafkaOptions: librdkafka can't connect)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    conf = {**kafka_client_conf(settings), "group.id": "iotlake-status", "enable.auto.commit": False}
-    consumer = Consumer(conf)
+    extra = {"group.id": "iotlake-status", "enable.auto.commit": False}
+    consumer, errors = kafka_client(settings, Consumer, extra)
     try:
-        metadata = consumer.list_topics(settings.kafka.topic, timeout=CHECK_TIMEOUT_S)
+        metadata = kafka_metadata(settings, consumer, errors, settings.kafka.topic)
         topic = metadata.topics.get(settings.kafka.topic)
         partitions = sorted(topic.partitions) if topic is not None and topic.error is None else []
         return {
@@ -159,9 +167,7 @@ def latest_offsets(settings: Settings) -> dict[int, int]:
             for p in partitions
         }
     except KafkaException as e:
-        raise ServiceUnreachableError(
-            f"Kafka at {settings.kafka.bootstrap_servers} did not answer ({e.args[0]}). Is the stack up (`make up`)?"
-        ) from e
+        raise kafka_failure(settings, [*errors, e.args[0]], e.args[0].str()) from e
     finally:
         consumer.close()
 
@@ -171,7 +177,10 @@ def stream_status(settings: Settings) -> StreamStatus:
     commits, texts = _checkpoint_files(settings, location)
     last = max(commits) if commits else None
     committed = committed_offsets(texts[last], settings.kafka.topic) if last is not None else {}
-    latest = latest_offsets(settings)
+    try:
+        latest = latest_offsets(settings)
+    except UnmappableKafkaOptions as e:
+        return StreamStatus(location, last, committed, kafka_note=SKIPPED.format(reasons=e))
     lag = {p: max(high - committed.get(p, 0), 0) for p, high in latest.items()}
     return StreamStatus(location, last, committed, latest, lag)
 
@@ -182,5 +191,5 @@ def status(settings: Settings) -> dict[str, Any]:
     stream = stream_status(settings)
     return {
         "tables": [asdict(x) for x in tables],
-        "stream": {**asdict(stream), "total_lag": stream.total_lag},
+        "stream": {**asdict(stream), "total_lag": None if stream.kafka_note else stream.total_lag},
     }

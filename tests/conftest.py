@@ -3,7 +3,8 @@
 - `stack_env` (session): starts the test stack with `stack.up()` in a temporary home and yields the env
   overrides (IOTLAKE_*) that point at it; merged over os.environ they load settings for it and can be
   passed to subprocesses. Torn down with `stack.down()` at the end (kept with IOTLAKE_TEST_REUSE_STACK=1).
-- `stack_layout`, `stack_secrets` (session): the test stack's StackLayout and its secrets file values.
+- `stack_layout`, `stack_secrets` (session): the test stack's StackLayout and its secrets file values (the
+  SASL listener's password, IOTLAKE_KAFKA_SASL_PASSWORD, included).
 - `test_env` (function): os.environ + stack_env + a unique base_uri, topic and checkpoint for one test.
 - `settings` (function): `load_settings(env=test_env)`, its topic created with 6 partitions.
 """
@@ -27,34 +28,38 @@ from stack import secrets as stack_secrets_mod
 from stack.addresses import free_port
 from stack.addresses import loopback_port_free as port_free
 from stack.layout import HOME_ENV, default_cache
-from streaming.config import PROJECT_ROOT, Settings, load_settings
+from streaming.config import PROJECT_ROOT, Settings, load_settings, read_secrets_file
 from tests.helpers import free_port_pair
 
 REUSE_ENV = "IOTLAKE_TEST_REUSE_STACK"
 REUSE_HOME = PROJECT_ROOT / "var" / "test-stack"
 
 
-def _ports(layout: StackLayout, reuse: bool) -> tuple[int, int, int]:
-    """Fresh free ports (kafka, minio, prometheus); with reuse, the saved ones if the stack still runs or they
-    are still free."""
+def _ports(layout: StackLayout, reuse: bool) -> tuple[int, int, int, int]:
+    """Fresh free ports (kafka, minio, prometheus, kafka's SASL listener); with reuse, the saved ones if the stack
+    still runs or they are still free."""
     saved = layout.home / "ports.json"
     if reuse and saved.exists():
         data = json.loads(saved.read_text())
-        kafka, minio, prometheus = int(data["kafka"]), int(data["minio"]), int(data.get("prometheus", 0))
+        kafka, minio = int(data["kafka"]), int(data["minio"])
+        prometheus, sasl = int(data.get("prometheus", 0)), int(data.get("kafka_sasl", 0))
         running = stack_proc.read_pid(stack_kafka.service(layout)) is not None
-        if prometheus and (running or all(port_free(p) for p in (kafka, kafka + 1, minio, minio + 1, prometheus))):
-            return kafka, minio, prometheus
+        ports = (kafka, kafka + 1, minio, minio + 1, prometheus, sasl)
+        if prometheus and sasl and (running or all(port_free(p) for p in ports)):
+            return kafka, minio, prometheus, sasl
     kafka = free_port_pair()
     minio = free_port_pair({kafka, kafka + 1})
     prometheus = free_port({kafka, kafka + 1, minio, minio + 1})
-    saved.write_text(json.dumps({"kafka": kafka, "minio": minio, "prometheus": prometheus}))
-    return kafka, minio, prometheus
+    sasl = free_port({kafka, kafka + 1, minio, minio + 1, prometheus})
+    saved.write_text(json.dumps({"kafka": kafka, "minio": minio, "prometheus": prometheus, "kafka_sasl": sasl}))
+    return kafka, minio, prometheus, sasl
 
 
-def _overrides(home: Path, kafka_port: int, minio_port: int, prometheus_port: int) -> dict[str, str]:
+def _overrides(home: Path, kafka_port: int, minio_port: int, prometheus_port: int, sasl_port: int) -> dict[str, str]:
     return {
         HOME_ENV: str(home),
         "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
+        "IOTLAKE_KAFKA__SASL_LISTENER_PORT": str(sasl_port),  # the test stack's broker also offers SASL/PLAIN
         "IOTLAKE_STORAGE__ENDPOINT": f"http://127.0.0.1:{minio_port}",
         "IOTLAKE_STORAGE__SECRETS_FILE": str(home / "secrets.env"),
         "IOTLAKE_MONITORING__PROMETHEUS_PORT": str(prometheus_port),
@@ -93,8 +98,10 @@ def stack_env(stack_layout: StackLayout) -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def stack_secrets(stack_env: dict[str, str]) -> dict[str, str]:
-    """All values of the test stack's secrets file (root, writer and reader keys)."""
-    return stack_secrets_mod.load(Path(stack_env["IOTLAKE_STORAGE__SECRETS_FILE"]))
+    """All values of the test stack's secrets file (root, writer and reader keys, the Kafka SASL password)."""
+    path = Path(stack_env["IOTLAKE_STORAGE__SECRETS_FILE"])
+    password = read_secrets_file(path)[stack_secrets_mod.KAFKA_SASL_PASSWORD]
+    return {**stack_secrets_mod.load(path), stack_secrets_mod.KAFKA_SASL_PASSWORD: password}
 
 
 @pytest.fixture

@@ -33,7 +33,11 @@ def two_brokers(test_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[dict
     layout = StackLayout(home=tmp_path / "kafka-home", cache=default_cache())
     first = free_port_pair()
     second = free_port({first, first + 1})
-    env = {**test_env, "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{first},127.0.0.1:{second}"}
+    env = {
+        **test_env,
+        "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{first},127.0.0.1:{second}",
+        "IOTLAKE_KAFKA__SASL_LISTENER_PORT": "0",  # the SASL listener is the one-node test stack's
+    }
     settings = load_settings(env=env)
     try:
         pid, _ = kafka.launch(settings, layout, install(layout, echo=None))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from streaming import cli
 from streaming.config import load_settings, parse_duration
 from streaming.errors import ConfigError
 
@@ -58,6 +61,67 @@ def test_masked_config_hides_secrets(tmp_path: Path) -> None:
     text = s.to_json()
     assert "TOPSECRET" not in text and "AKIA-SECRET" not in text
     assert s.masked()["storage"]["secret_key"] == "***"
+
+
+JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="JAAS-PW";'
+SECURED_ENV = {
+    # The YAML flow-mapping form of kafka.options, and the nested form of spark.conf.
+    "IOTLAKE_KAFKA__OPTIONS": (
+        "{kafka.security.protocol: SASL_SSL, kafka.sasl.mechanism: PLAIN, "
+        f"kafka.sasl.jaas.config: '{JAAS}', kafka.ssl.truststore.location: /etc/kafka/ca.jks, "
+        "kafka.ssl.truststore.password: TRUST-PW, kafka.SSL.Key.Password: KEY-PW}"
+    ),
+    "IOTLAKE_SPARK__CONF__spark.hadoop.fs.s3a.secret.key": "S3A-SECRET",
+    "IOTLAKE_SPARK__CONF__some.Token": "SOME-TOKEN",
+    "IOTLAKE_SPARK__CONF__spark.hadoop.fs.azure.sas.fixed.credential": "AZ-CRED",
+    "IOTLAKE_STORAGE__SECRET_KEY": "STORAGE-SECRET",
+}
+SECRET_VALUES = ("JAAS-PW", "TRUST-PW", "KEY-PW", "S3A-SECRET", "SOME-TOKEN", "AZ-CRED", "STORAGE-SECRET")
+
+
+def test_masked_config_hides_secret_looking_kafka_options_and_spark_conf() -> None:
+    s = load_settings(env=SECURED_ENV)
+    assert s.kafka.options["kafka.sasl.jaas.config"] == JAAS  # the real value is what the clients get
+    masked = s.masked()
+    options, conf = masked["kafka"]["options"], masked["spark"]["conf"]
+    for key in ("kafka.sasl.jaas.config", "kafka.ssl.truststore.password", "kafka.SSL.Key.Password"):
+        assert options[key] == "***", key
+    for key in ("spark.hadoop.fs.s3a.secret.key", "some.Token", "spark.hadoop.fs.azure.sas.fixed.credential"):
+        assert conf[key] == "***", key
+    # What is not secret stays readable.
+    assert options["kafka.security.protocol"] == "SASL_SSL"
+    assert options["kafka.ssl.truststore.location"] == "/etc/kafka/ca.jks"
+    assert conf["spark.sql.shuffle.partitions"] == "4"
+    text = s.to_json()
+    assert json.loads(text)["kafka"]["options"]["kafka.sasl.jaas.config"] == "***"
+    assert not [v for v in SECRET_VALUES if v in text]
+
+
+@pytest.mark.parametrize("args", [["config"], ["config", "--json"]])
+def test_config_command_masks_every_secret_in_yaml_and_json(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, value in SECURED_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(args) == 0
+    out, err = capsys.readouterr()
+    shown = json.loads(out) if "--json" in args else yaml.safe_load(out)
+    assert shown["kafka"]["options"]["kafka.sasl.jaas.config"] == "***"
+    assert shown["spark"]["conf"]["some.Token"] == "***"
+    assert not [v for v in SECRET_VALUES if v in out + err]
+
+
+def test_kafka_options_and_spark_conf_from_nested_env_keep_their_text() -> None:
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p #1: x";'
+    s = load_settings(
+        env={
+            "IOTLAKE_KAFKA__OPTIONS__kafka.sasl.jaas.config": jaas,
+            "IOTLAKE_KAFKA__OPTIONS__kafka.security.protocol": "SASL_PLAINTEXT",
+            "IOTLAKE_SPARK__CONF__spark.ui.enabled": "false",
+        }
+    )
+    assert s.kafka.options == {"kafka.sasl.jaas.config": jaas, "kafka.security.protocol": "SASL_PLAINTEXT"}
+    assert s.spark.conf["spark.ui.enabled"] == "false"
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from stack import secrets as sec
 from stack.addresses import HostPort, kafka_controller, kafka_listener, minio_api, minio_console
 from stack.layout import StackLayout
 from streaming.config import load_settings
-from streaming.errors import StackError
+from streaming.errors import ConfigError, StackError
 
 pytestmark = pytest.mark.unit
 
@@ -114,6 +114,67 @@ def test_localhost_binds_loopback_and_advertises_the_configured_name(tmp_path: P
     assert p["advertised.listeners"] == "PLAINTEXT://localhost:9092"
 
 
+def test_no_sasl_listener_unless_a_port_is_configured(tmp_path: Path) -> None:
+    settings = load_settings(env={"IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:19092"})
+    p = _props(kafka.server_properties(settings, StackLayout(home=tmp_path, cache=tmp_path), sasl_password="pw"))
+    assert not [k for k in p if "sasl" in k] and "pw" not in p.values()
+    assert p["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert p["listener.security.protocol.map"] == "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+
+
+def test_sasl_plain_listener_on_the_configured_port(tmp_path: Path) -> None:
+    settings = load_settings(
+        env={"IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": "localhost:19092", "IOTLAKE_KAFKA__SASL_LISTENER_PORT": "19095"}
+    )
+    layout = StackLayout(home=tmp_path, cache=tmp_path)
+    p = _props(kafka.server_properties(settings, layout, sasl_password="Gen3rated"))
+    assert p["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093,SASL://127.0.0.1:19095"
+    assert p["advertised.listeners"] == "PLAINTEXT://localhost:19092,SASL://localhost:19095"
+    assert p["listener.security.protocol.map"] == "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL:SASL_PLAINTEXT"
+    assert p["inter.broker.listener.name"] == "PLAINTEXT"
+    assert p["sasl.enabled.mechanisms"] == "PLAIN"
+    assert p["listener.name.sasl.plain.sasl.jaas.config"] == (
+        f'org.apache.kafka.common.security.plain.PlainLoginModule required user_{kafka.SASL_USER}="Gen3rated";'
+    )
+    # Without the password (comparing addresses of a running broker) the listener is the same, the user is not.
+    q = _props(kafka.server_properties(settings, layout))
+    assert q["listeners"] == p["listeners"] and "listener.name.sasl.plain.sasl.jaas.config" not in q
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"IOTLAKE_KAFKA__SASL_LISTENER_PORT": "19093"}, "kafka.sasl_listener_port 19093 is the controller port"),
+        ({"IOTLAKE_KAFKA__SASL_LISTENER_PORT": "19092"}, "kafka.sasl_listener_port 19092 is a broker port"),
+        ({"IOTLAKE_KAFKA__SASL_LISTENER_PORT": "70000"}, "kafka.sasl_listener_port must be 0..65535"),
+        (
+            {
+                "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:19092,127.0.0.1:19096",
+                "IOTLAKE_KAFKA__SASL_LISTENER_PORT": "19095",
+            },
+            "only on a one-node stack",
+        ),
+    ],
+)
+def test_bad_sasl_listener_ports_are_explained(env: dict[str, str], needle: str, tmp_path: Path) -> None:
+    env = {"IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:19092", **env}
+    with pytest.raises((StackError, ConfigError)) as info:
+        kafka.server_properties(load_settings(env=env), StackLayout(home=tmp_path, cache=tmp_path), sasl_password="x")
+    assert needle in str(info.value)
+
+
+def test_server_properties_are_written_private(tmp_path: Path) -> None:
+    path = tmp_path / "server.properties"
+    path.write_text("old\n")
+    path.chmod(0o644)
+    sec.write_private(path, "listener.name.sasl.plain.sasl.jaas.config=...\n")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.read_text() == "listener.name.sasl.plain.sasl.jaas.config=...\n"
+    fresh = tmp_path / "new.properties"
+    sec.write_private(fresh, "x=1\n")
+    assert fresh.stat().st_mode & 0o777 == 0o600
+
+
 def test_cluster_ids_look_like_kafkas() -> None:
     ids = {kafka.new_cluster_id() for _ in range(50)}
     assert len(ids) == 50
@@ -193,6 +254,20 @@ def test_secrets_file_only_gains_missing_names_and_is_tightened(tmp_path: Path) 
     assert values[sec.WRITER_ACCESS_KEY]
     assert "OTHER=1" in path.read_text()
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_kafka_sasl_password_is_generated_only_when_asked_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "secrets.env"
+    plain = sec.ensure_secrets_file(path)
+    assert sec.KAFKA_SASL_PASSWORD not in plain and sec.KAFKA_SASL_PASSWORD not in path.read_text()
+    values = sec.ensure_secrets_file(path, extra=(sec.KAFKA_SASL_PASSWORD,))
+    password = values[sec.KAFKA_SASL_PASSWORD]
+    assert len(password) == 40 and password.isalnum()
+    assert {n: values[n] for n in sec.NAMES} == plain  # existing values are never regenerated
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sec.ensure_secrets_file(path, extra=(sec.KAFKA_SASL_PASSWORD,))[sec.KAFKA_SASL_PASSWORD] == password
+    sec.ensure_secrets_file(path)  # a later `up` without the listener keeps it
+    assert f"{sec.KAFKA_SASL_PASSWORD}={password}\n" in path.read_text()
 
 
 def test_loading_an_incomplete_secrets_file_names_the_fix(tmp_path: Path) -> None:
