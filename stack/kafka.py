@@ -221,6 +221,7 @@ def _prepare(settings: Settings, layout: StackLayout, inst: Installed, node: Nod
             fix=f"Check {node.data} is writable; to start afresh, run `python -m stack down` and delete it.",
             timeout=120,
             log=layout.logs / f"{node.name}-format.log",
+            umask=proc.PRIVATE_UMASK,
         )
     return props
 
