@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from stack import cli as stack_cli
 from stack import logrotate, proc
 from stack import prometheus as prom
+from stack import run as stack_run
 from stack.install import Installed
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
@@ -288,3 +290,26 @@ def test_prometheus_runs_without_the_lifecycle_api(tmp_path: Path) -> None:
     argv = prom._argv(inst, layout, prom.address(load_settings(env={})))
     assert not any(a.startswith("--web.enable-lifecycle") for a in argv), argv
     assert not any(a.startswith("--web.enable-admin-api") for a in argv), argv
+
+
+# --- make run's wiring ----------------------------------------------------------------------------------
+
+
+def test_run_supervises_the_job_and_the_sidecar_and_rotates_every_service_log(tmp_path: Path) -> None:
+    layout = StackLayout(home=tmp_path, cache=tmp_path / "cache")
+    sup, ingest = stack_run.supervisor(load_settings(env={}), layout, {"A": "1"}, RestartPolicy(max_restarts=2))
+    assert [c.name for c in sup.children] == ["ingest", "maintain"] and sup.children[0] is ingest
+    assert ingest.argv[-2:] == ["streaming.cli", "ingest"] and sup.children[1].argv[-1] == "maintain"
+    assert sup.children[1].env["IOTLAKE_MAINTENANCE__INTERVAL"] == stack_run.SIDECAR_INTERVAL
+    assert all(c.policy.max_restarts == 2 and c.log.parent == layout.logs for c in sup.children)
+    logs = {p.name for p in sup.other_logs}
+    assert {"kafka.out", "minio.log", "prometheus.log", "spark-master.log", "sensor-sim.log"} <= logs
+    assert "kafka.log" not in logs  # Kafka's log4j file rolls by itself
+    off = load_settings(env={"IOTLAKE_MAINTENANCE__ENABLED": "false"})
+    assert [c.name for c in stack_run.supervisor(off, layout, {})[0].children] == ["ingest"]
+
+
+def test_run_refuses_a_bad_restart_policy_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    assert stack_cli.main(["run", "--max-restarts", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-restarts" in err and "Traceback" not in err
