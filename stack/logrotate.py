@@ -11,6 +11,7 @@ not rotated here.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 from collections.abc import Iterable
@@ -53,31 +54,30 @@ def open_log(path: Path) -> int:
 
 
 def rotate_if_large(path: Path, policy: RotationPolicy) -> bool:
-    """Copy-truncate `path` if it reached policy.max_bytes. True if it was rotated (False: small or missing)."""
+    """Copy-truncate `path` if it reached policy.max_bytes. True if it was rotated (False: small, missing, or
+    being rotated by another process: the rotation holds an exclusive flock on the log)."""
     try:
-        size = path.stat().st_size
+        if path.stat().st_size < policy.max_bytes:
+            return False
+        live = path.open("r+b")
     except FileNotFoundError:
         return False
-    if size < policy.max_bytes:
-        return False
-    with contextlib.suppress(FileNotFoundError):
-        rotated(path, policy.keep).unlink()
-    for n in range(policy.keep - 1, 0, -1):
+    with live:
+        try:
+            fcntl.flock(live, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if os.fstat(live.fileno()).st_size < policy.max_bytes:
+            return False  # rotated by another process between our stat and our lock
         with contextlib.suppress(FileNotFoundError):
-            rotated(path, n).replace(rotated(path, n + 1))
-    target = rotated(path, 1)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, LOG_MODE)
-    try:
-        with path.open("rb") as src, os.fdopen(fd, "wb") as dst:
-            fd = -1
-            shutil.copyfileobj(src, dst, 1024 * 1024)
-            with path.open("r+b") as live:
-                # What the writer added during the copy, then cut: the window left is between these two calls.
-                shutil.copyfileobj(src, dst)
-                live.truncate(0)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+            rotated(path, policy.keep).unlink()
+        for n in range(policy.keep - 1, 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                rotated(path, n).replace(rotated(path, n + 1))
+        fd = os.open(rotated(path, 1), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, LOG_MODE)
+        with os.fdopen(fd, "wb") as copy:
+            shutil.copyfileobj(live, copy, 1024 * 1024)  # up to the end, including what came during the copy
+            live.truncate(0)  # lines written between the copy's end and this call are lost
     return True
 
 

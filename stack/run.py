@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stack import api, kafka, logrotate, minio, proc, spark_cluster
+from stack import api, logkeeper, logrotate, proc
 from stack import prometheus as prom
-from stack.addresses import MAX_KAFKA_NODES
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
 from streaming.config import Settings, load_settings
@@ -81,14 +80,6 @@ def _spawn(name: str, argv: list[str], layout: StackLayout, env: dict[str, str])
     return Child(name, process, log)
 
 
-def service_logs(layout: StackLayout) -> list[Path]:
-    """The stdout logs of the stack's detached services (Kafka's own log4j files roll by themselves)."""
-    nodes = [kafka.node_service(layout, n).log for n in range(1, MAX_KAFKA_NODES + 1)]
-    services = (minio.service(layout), prom.service(layout))
-    cluster = (spark_cluster.master_service(layout), spark_cluster.worker_service(layout))
-    return [*nodes, *(s.log for s in services), *(s.log for s in cluster)]
-
-
 def supervisor(
     settings: Settings,
     layout: StackLayout,
@@ -103,7 +94,7 @@ def supervisor(
     if settings.maintenance.enabled:
         sidecar_env = {"IOTLAKE_MAINTENANCE__INTERVAL": SIDECAR_INTERVAL, **env}
         children.append(SupervisedChild("maintain", SIDECAR_ARGV, sidecar_env, layout.log("maintain"), policy))
-    others = [layout.log("sensor-sim"), *service_logs(layout)]
+    others = [layout.log("sensor-sim"), *logkeeper.service_logs(layout)]
     return Supervisor(children, rotation, other_logs=others), ingest
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from minio import Minio
 
-from stack import StackLayout, up
+from stack import StackLayout, proc, status, up
 from stack import prometheus as prom
 from stack.addresses import minio_api
 from streaming.config import Settings
@@ -84,3 +84,9 @@ def test_stack_home_and_service_data_are_private(
     ]
     assert loose == [], "\n".join(loose[:20])
     assert os.stat(settings.storage.secrets_file).st_mode & 0o077 == 0
+
+
+def test_the_log_keeper_runs_beside_the_services(settings: Settings, stack_layout: StackLayout) -> None:
+    keeper = status(settings, stack_layout)["logkeeper"]
+    assert keeper["state"] == "running" and isinstance(keeper["pid"], int), keeper
+    assert f"--home {stack_layout.home} " in (proc.cmdline(keeper["pid"]) or "")

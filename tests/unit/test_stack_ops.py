@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import stat
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stack import cli as stack_cli
-from stack import logrotate, proc
+from stack import logkeeper, logrotate, proc
 from stack import prometheus as prom
 from stack import run as stack_run
 from stack.install import Installed
@@ -313,3 +314,35 @@ def test_run_refuses_a_bad_restart_policy_before_starting_anything(capsys: pytes
     assert stack_cli.main(["run", "--max-restarts", "-1"]) == 2
     err = capsys.readouterr().err
     assert "--max-restarts" in err and "Traceback" not in err
+
+
+# --- the log keeper (rotation while only `make up` runs) ----------------------------------------------------
+
+
+def test_a_log_another_rotator_holds_is_left_alone(tmp_path: Path) -> None:
+    log = tmp_path / "svc.log"
+    log.write_bytes(b"x" * 200)
+    policy = logrotate.RotationPolicy(max_bytes=100, keep=2)
+    with log.open("rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert not logrotate.rotate_if_large(log, policy)
+    assert logrotate.rotate_if_large(log, policy)
+
+
+def test_the_log_keeper_rotates_the_stacks_logs_until_stopped(tmp_path: Path) -> None:
+    layout = StackLayout(home=tmp_path / "home", cache=tmp_path / "cache")
+    layout.make_dirs()
+    minio_log, ingest_log = layout.log("minio"), layout.log("ingest")
+    for log in (minio_log, ingest_log):
+        log.write_bytes(b"y" * 5000)
+    pid, reused = logkeeper.launch(layout, logrotate.RotationPolicy(max_bytes=4096, keep=2), interval_s=0.2)
+    try:
+        assert not reused and proc.read_pid(logkeeper.service(layout)) == pid
+        assert logkeeper.launch(layout)[0] == pid  # a second `up` reuses it
+        wait_for(lambda: logrotate.rotated(minio_log, 1).exists(), timeout=30, message="minio.log rotated")
+        wait_for(lambda: logrotate.rotated(ingest_log, 1).exists(), timeout=30, message="ingest.log rotated")
+        assert minio_log.stat().st_size == 0
+    finally:
+        assert logkeeper.stop(layout) == pid
+    assert not proc.pid_alive(pid)
+    assert minio_log in logkeeper.logs(layout) and layout.log("kafka") not in logkeeper.logs(layout)
