@@ -187,15 +187,15 @@ def run_pipeline(
     env = dict(os.environ)
     summary_path = layout.home / "sensor-sim-summary.json"
     sup, ingest = supervisor(settings, layout, env, policy, rotation)
-    for child in sup.children:
-        print(f"starting {child.name} (log {child.log}) ...", flush=True)
-        child.start()
     sim: Child | None = None
     started = time.monotonic()
     interrupted = False
     gave_up: GaveUp | None = None
     previous_term = signal.signal(signal.SIGTERM, _interrupt)  # the children run in their own sessions
     try:
+        for child in sup.children:
+            print(f"starting {child.name} (log {child.log}) ...", flush=True)
+            child.start()
         _wait_for_ingest(sup, ingest, metrics_url)
         print(
             f"streaming job up ({time.monotonic() - started:.0f} s); starting sensor-sim at {rate}/s",
@@ -259,7 +259,7 @@ def _final_compaction(settings: Settings, layout: StackLayout, env: dict[str, st
     """With the stream stopped, `iotlake optimize` every table: the files before and after, for the summary."""
     print("stream stopped; compacting the tables once (iotlake optimize) ...", flush=True)
     log = layout.logs / "optimize.log"
-    with log.open("wb") as handle:
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, logrotate.LOG_MODE), "wb") as handle:
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "streaming.cli", "optimize", "--json"],
@@ -268,6 +268,7 @@ def _final_compaction(settings: Settings, layout: StackLayout, env: dict[str, st
                 env=env,
                 timeout=900,
                 check=False,
+                umask=proc.PRIVATE_UMASK,
             )
         except subprocess.TimeoutExpired:
             print(f"optimize did not finish within 900 s; see {log}", file=sys.stderr)
