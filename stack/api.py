@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stack import kafka, minio, proc, spark_cluster
+from stack import kafka, logkeeper, logrotate, minio, proc, spark_cluster
 from stack import prometheus as prom
 from stack import secrets as sec
 from stack.addresses import minio_console
@@ -80,7 +80,12 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
         if echo is not None:
             job = " ".join(f"{k}={v}" for k, v in spark_cluster.job_env(settings).items())
             echo(f"spark: run the job on the cluster with: {job} iotlake ingest")
+    keeper_pid, keeper_reused = logkeeper.launch(layout)
     if echo is not None:
+        verb = "running already" if keeper_reused else "started"
+        limit = logrotate.RotationPolicy()
+        echo(f"logs: {layout.logs}, rotated at {limit.max_bytes // 2**20} MB, {limit.keep} kept (log keeper {verb}, "
+             f"pid {keeper_pid})")  # fmt: skip
         echo(f"secrets: {secrets_path} (mode 0600)")
 
 
@@ -92,7 +97,12 @@ def down(layout: StackLayout | None = None, echo: Echo | None = print) -> None:
     worker_pid, master_pid = spark_cluster.stop(layout)
     if worker_pid or master_pid:
         _timed(echo, started, f"spark: stopped worker pid {worker_pid}, master pid {master_pid}")
-    for name, stop in (("prometheus", prom.stop), ("minio", minio.stop), ("kafka", kafka.stop)):
+    for name, stop in (
+        ("prometheus", prom.stop),
+        ("minio", minio.stop),
+        ("kafka", kafka.stop),
+        ("log keeper", logkeeper.stop),
+    ):
         started = time.monotonic()
         pid = stop(layout)
         _timed(echo, started, f"{name}: stopped pid {pid}" if pid else f"{name}: not running")
@@ -106,6 +116,7 @@ def status(settings: Settings, layout: StackLayout | None = None) -> dict[str, A
     kafka_pid = proc.read_pid(kafka.service(layout))
     minio_pid = proc.read_pid(minio.service(layout))
     prom_pid = proc.read_pid(prom.service(layout))
+    keeper_pid = proc.read_pid(logkeeper.service(layout))
     prom_url = prom.url(settings)
     return {
         "kafka": {
@@ -133,6 +144,12 @@ def status(settings: Settings, layout: StackLayout | None = None) -> dict[str, A
             "log": str(layout.log("prometheus")),
         },
         **spark_cluster.status(settings, layout),
+        "logkeeper": {
+            "state": _state(keeper_pid, lambda: True),
+            "pid": keeper_pid,
+            "address": "-",
+            "log": str(logkeeper.service(layout).log),
+        },
         "home": str(layout.home),
         "cache": str(layout.cache),
         "secrets_file": str(resolve_path(settings.storage.secrets_file)),

@@ -74,7 +74,7 @@ def _status(args: argparse.Namespace) -> int:
 def format_status(info: dict[str, Any]) -> str:
     """One line per service: name, state, pid, address, log (the Spark cluster's lines only once started)."""
     lines = []
-    for name in ("kafka", "minio", "prometheus", "spark-master", "spark-worker"):
+    for name in ("kafka", "minio", "prometheus", "spark-master", "spark-worker", "logkeeper"):
         svc = info.get(name)
         if svc is None or (name.startswith("spark") and svc["state"] == "stopped"):
             continue

@@ -289,6 +289,7 @@ def _prepare(
             fix=f"Check {node.data} is writable; to start afresh, run `python -m stack down` and delete it.",
             timeout=120,
             log=layout.logs / f"{node.name}-format.log",
+            umask=proc.PRIVATE_UMASK,
         )
     return props
 

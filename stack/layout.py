@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from streaming.config import PROJECT_ROOT
 HOME_ENV = "IOTLAKE_STACK_HOME"
 CACHE_ENV = "IOTLAKE_CACHE"
 DEFAULT_CACHE = "~/.cache/iotlake"
+PRIVATE_DIR_MODE = 0o700
 
 
 def default_cache(env: Mapping[str, str] | None = None) -> Path:
@@ -66,5 +68,9 @@ class StackLayout:
         return self.run / f"{name}.pid"
 
     def make_dirs(self) -> None:
-        for d in (self.logs, self.run, self.kafka_data, self.minio_data):
-            d.mkdir(parents=True, exist_ok=True)
+        """Create home and its folders private (0700, tightened if they exist): data, logs, pid files."""
+        for d in (self.home, self.logs, self.run, self.kafka_home, self.kafka_data, self.minio_data.parent,
+                  self.minio_data):  # fmt: skip
+            d.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+            if stat.S_IMODE(d.stat().st_mode) != PRIVATE_DIR_MODE:
+                d.chmod(PRIVATE_DIR_MODE)

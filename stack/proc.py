@@ -13,8 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from stack import logrotate
 from stack.addresses import HostPort, bind_host
 from streaming.errors import StackError
+
+PRIVATE_UMASK = 0o077  # what the stack's processes create (data, logs) is readable by its user only
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,36 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return True  # no /proc: trust kill(0)
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a live (non-zombie) process is in the process group `pgid`."""
+    try:
+        entries = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    except OSError:
+        entries = []
+    if not entries:  # no /proc: ask the kernel (zombies count as alive here)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in entries:
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of the group `pgid` (a child started in its own session leads one)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def cmdline(pid: int) -> str | None:
@@ -140,26 +173,30 @@ def start(
     argv: Sequence[str],
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    rotation: logrotate.RotationPolicy | None = None,
 ) -> int:
-    """Start argv detached (new session, stdin closed, output appended to the log); write the pid file."""
-    service.log.parent.mkdir(parents=True, exist_ok=True)
+    """Start argv detached (new session, stdin closed, umask 077, output appended to the log, which is
+    rotated first if it grew large); write the pid file."""
     service.pidfile.parent.mkdir(parents=True, exist_ok=True)
-    with service.log.open("ab") as log:
-        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service.name}\n".encode())
-        log.flush()
-        try:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None,
-                cwd=cwd,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as e:
-            raise StackError(f"Can't start {service.name} ({argv[0]}): {e}. Run `python -m stack install`.") from e
+    logrotate.rotate_if_large(service.log, rotation or logrotate.RotationPolicy())
+    fd = logrotate.open_log(service.log)
+    try:
+        os.write(fd, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service.name}\n".encode())
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+            umask=PRIVATE_UMASK,
+        )
+    except OSError as e:
+        raise StackError(f"Can't start {service.name} ({argv[0]}): {e}. Run `python -m stack install`.") from e
+    finally:
+        os.close(fd)
     tmp = service.pidfile.with_suffix(".pid.tmp")
     tmp.write_text(f"{proc.pid}\n")
     tmp.replace(service.pidfile)
@@ -229,10 +266,12 @@ def run_checked(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     log: Path | None = None,
+    umask: int = -1,
 ) -> str:
     """Run a command to completion; on failure raise a StackError with its output's tail and the fix.
 
-    With `log`, the output goes to that file (long builds) instead of memory.
+    With `log`, the output goes to that file (long builds, created 0600) instead of memory. `umask`: the
+    command's (-1: this process's; PRIVATE_UMASK for commands that write the stack's data).
     """
     env_dict = dict(env) if env is not None else None
     try:
@@ -245,11 +284,12 @@ def run_checked(
                 check=False,
                 env=env_dict,
                 cwd=cwd,
+                umask=umask,
             )
             output, code = done.stdout + done.stderr, done.returncode
         else:
             log.parent.mkdir(parents=True, exist_ok=True)
-            with log.open("w") as f:
+            with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, logrotate.LOG_MODE), "w") as f:
                 code = subprocess.run(
                     list(argv),
                     stdout=f,
@@ -259,6 +299,7 @@ def run_checked(
                     check=False,
                     env=env_dict,
                     cwd=cwd,
+                    umask=umask,
                 ).returncode
             output = tail(log)
     except subprocess.TimeoutExpired as e:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 from stack import proc
 from stack.addresses import HostPort, bind_host, prometheus_web
 from stack.install import Installed
-from stack.layout import StackLayout
+from stack.layout import PRIVATE_DIR_MODE, StackLayout
 from streaming.config import PROJECT_ROOT, Settings
 from streaming.errors import StackError
 
@@ -139,7 +140,8 @@ def _link_rules(layout: StackLayout) -> None:
 
 def prepare(settings: Settings, layout: StackLayout, simulator_port: int | None = SIMULATOR_METRICS_PORT) -> Path:
     """Write the config, the rules link and the target files under <home>/prometheus. Returns the config path."""
-    data(layout).mkdir(parents=True, exist_ok=True)
+    for folder in (home(layout), data(layout)):
+        folder.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     path = config_path(layout)
     tmp = path.with_suffix(".yml.tmp")
     tmp.write_text(render_config(settings))
@@ -156,7 +158,7 @@ def _argv(inst: Installed, layout: StackLayout, addr: HostPort) -> list[str]:
         f"--storage.tsdb.path={data(layout)}",
         f"--storage.tsdb.retention.time={RETENTION}",
         f"--web.listen-address={bind_host(addr)}:{addr.port}",
-        "--web.enable-lifecycle",  # POST /-/reload after `stack up` rewrote the config of a running one
+        # No --web.enable-lifecycle: any local user could POST /-/quit. A running one reloads on SIGHUP.
     ]
 
 
@@ -172,16 +174,15 @@ def launch(settings: Settings, layout: StackLayout, inst: Installed) -> tuple[in
     pid = check_can_start(settings, layout)
     prepare(settings, layout)
     if pid is not None:
-        reload(settings)
+        reload(pid)
         return pid, True
     return proc.start(service(layout), _argv(inst, layout, address(settings)), cwd=home(layout)), False
 
 
-def reload(settings: Settings) -> None:
-    """Ask a running Prometheus to re-read its config (best effort: it may still be starting)."""
-    request = urllib.request.Request(f"{url(settings)}/-/reload", method="POST")
-    with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(request, timeout=5):
-        pass
+def reload(pid: int) -> None:
+    """Make our running Prometheus re-read its config and rules: SIGHUP (the HTTP reload is disabled)."""
+    with contextlib.suppress(ProcessLookupError):  # exited meanwhile: the next `stack up` starts it
+        os.kill(pid, signal.SIGHUP)
 
 
 def wait_ready(settings: Settings, layout: StackLayout, pid: int, timeout: float = START_TIMEOUT_S) -> float:

@@ -1,5 +1,10 @@
 """`make run`: the whole pipeline live on the native stack (Kafka, MinIO, ingest, sidecar, simulator), then a
-summary with the tables before and after a final compaction."""
+summary with the tables before and after a final compaction.
+
+The ingest job and the sidecar run under a supervisor (stack.supervise): a dead one is restarted with
+backoff, and too many deaths within a window end the run with exit 1, naming the log. Every log the run
+writes or the stack's services write is rotated by size while it runs (stack.logrotate).
+"""
 
 from __future__ import annotations
 
@@ -14,13 +19,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from stack import api
+from stack import api, logkeeper, logrotate, proc
 from stack import prometheus as prom
 from stack.layout import StackLayout
+from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
 from streaming.config import Settings, load_settings
-from streaming.errors import StackError
+from streaming.errors import StackError, first_line
 from streaming.lakelog import open_table
 from streaming.metrics import scrape
 from streaming.status import stream_status, table_status
@@ -37,14 +43,17 @@ DEMO_FAULTS = (
 )  # fmt: skip
 
 
+INGEST_ARGV = (sys.executable, "-m", "streaming.cli", "ingest")
+SIDECAR_ARGV = (sys.executable, "-m", "streaming.cli", "maintain")
+
+
 @dataclass
 class Child:
-    """A process `make run` started, with its log file."""
+    """A finite process `make run` started (the simulator), with its log file (appended, rotated)."""
 
     name: str
     process: subprocess.Popen[bytes]
     log: Path
-    handle: IO[bytes]
 
     def stop(self, timeout: float = 60.0) -> int | None:
         if self.process.poll() is None:
@@ -54,19 +63,44 @@ class Child:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
-        self.handle.close()
         return self.process.returncode
 
     def tail(self, lines: int = 15) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return proc.tail(self.log, lines)
 
 
 def _spawn(name: str, argv: list[str], layout: StackLayout, env: dict[str, str]) -> Child:
-    layout.logs.mkdir(parents=True, exist_ok=True)
-    log = layout.logs / f"{name}.log"
-    handle = log.open("wb")
-    process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env)
-    return Child(name, process, log, handle)
+    log = layout.log(name)
+    fd = logrotate.open_log(log)
+    try:
+        os.write(fd, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name}\n".encode())
+        process = subprocess.Popen(argv, stdout=fd, stderr=subprocess.STDOUT, env=env, umask=proc.PRIVATE_UMASK)
+    finally:
+        os.close(fd)
+    return Child(name, process, log)
+
+
+def supervisor(
+    settings: Settings,
+    layout: StackLayout,
+    env: dict[str, str],
+    policy: RestartPolicy | None = None,
+    rotation: logrotate.RotationPolicy | None = None,
+) -> tuple[Supervisor, SupervisedChild]:
+    """The supervisor of the ingest job (and the sidecar, if maintenance.enabled), not started yet; it also
+    rotates the simulator's and the services' logs. Returns it and the ingest child."""
+    ingest = SupervisedChild("ingest", INGEST_ARGV, env, layout.log("ingest"), policy)
+    children = [ingest]
+    if settings.maintenance.enabled:
+        sidecar_env = {"IOTLAKE_MAINTENANCE__INTERVAL": SIDECAR_INTERVAL, **env}
+        children.append(SupervisedChild("maintain", SIDECAR_ARGV, sidecar_env, layout.log("maintain"), policy))
+    others = [layout.log("sensor-sim"), *logkeeper.service_logs(layout)]
+    return Supervisor(children, rotation, other_logs=others), ingest
+
+
+def _report(events: list[str]) -> None:
+    for event in events:
+        print(event, file=sys.stderr, flush=True)
 
 
 def _table_versions(settings: Settings) -> dict[str, int | None]:
@@ -79,15 +113,17 @@ def _table_versions(settings: Settings) -> dict[str, int | None]:
     return out
 
 
-def _wait_for_ingest(child: Child, metrics_url: str) -> None:
-    deadline = time.monotonic() + INGEST_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if child.process.poll() is not None:
-            raise StackError(f"the streaming job exited with {child.process.returncode}:\n{child.tail()}")
-        if scrape(metrics_url).get("iot_ingest_query_up") == 1.0:
+def _wait_for_ingest(sup: Supervisor, ingest: SupervisedChild, metrics_url: str) -> None:
+    """Until the job's query is up. A death on the way is the supervisor's (restart or GaveUp); the start-up
+    deadline counts from the latest (re)start."""
+    while True:
+        _report(sup.tick())
+        if ingest.pid is not None and scrape(metrics_url).get("iot_ingest_query_up") == 1.0:
             return
+        since = ingest.clock() - (ingest.started_at or ingest.clock())
+        if ingest.pid is not None and since > INGEST_START_TIMEOUT_S:
+            raise StackError(f"the streaming job did not start within {INGEST_START_TIMEOUT_S:.0f} s; see {ingest.log}")
         time.sleep(0.5)
-    raise StackError(f"the streaming job did not start within {INGEST_START_TIMEOUT_S:.0f} s; see {child.log}")
 
 
 def _sidecar_text(sidecar: dict[str, float]) -> str:
@@ -101,7 +137,9 @@ def _sidecar_text(sidecar: dict[str, float]) -> str:
     )
 
 
-def _live_line(started: float, settings: Settings, metrics: dict[str, float], last: dict[str, Any]) -> str:
+def _live_line(
+    started: float, settings: Settings, metrics: dict[str, float], last: dict[str, Any], sup: Supervisor
+) -> str:
     stream = stream_status(settings)
     produced = sum(stream.latest_offsets.values())
     now = time.monotonic()
@@ -115,6 +153,7 @@ def _live_line(started: float, settings: Settings, metrics: dict[str, float], la
         f"quarantined {int(metrics.get('iot_ingest_quarantined_rows_total', 0)):>6,}  "
         f"lag {stream.total_lag:>7,}  batches {int(metrics.get('iot_ingest_batches_total', 0)):>4}  {shown}  "
         + _sidecar_text(scrape(_sidecar_url(settings)))
+        + (f"  {deaths}" if (deaths := sup.deaths_text()) else "")
     )
 
 
@@ -129,25 +168,35 @@ def _quarantine_by_reason(settings: Settings) -> Counter[str]:
     return Counter(table.to_pyarrow_table(columns=["reason"]).column("reason").to_pylist())
 
 
-def run_pipeline(settings: Settings, layout: StackLayout, duration: float, rate: int, devices: int) -> int:
-    """Start everything, show it live, stop after `duration` seconds (or Ctrl-C), drain, summarize."""
+def run_pipeline(
+    settings: Settings,
+    layout: StackLayout,
+    duration: float,
+    rate: int,
+    devices: int,
+    policy: RestartPolicy | None = None,
+    rotation: logrotate.RotationPolicy | None = None,
+) -> int:
+    """Start everything, show it live, stop after `duration` seconds (or Ctrl-C / SIGTERM), drain, summarize.
+
+    The ingest job and the sidecar are restarted by `policy` when they die; 1 if it gave up (or the job failed).
+    """
     api.up(settings, layout)
     settings = load_settings(settings.source)  # picks up the writer's keys generated by `up`
     metrics_url = f"http://{settings.ingest.metrics_host}:{settings.ingest.metrics_port}/metrics"
     env = dict(os.environ)
     summary_path = layout.home / "sensor-sim-summary.json"
-    print(f"starting the streaming job (log {layout.logs / 'ingest.log'}) ...", flush=True)
-    ingest = _spawn("ingest", [sys.executable, "-m", "streaming.cli", "ingest"], layout, env)
-    sidecar: Child | None = None
-    if settings.maintenance.enabled:
-        print(f"starting the maintenance sidecar (log {layout.logs / 'maintain.log'}) ...", flush=True)
-        sidecar_env = {"IOTLAKE_MAINTENANCE__INTERVAL": SIDECAR_INTERVAL, **env}
-        sidecar = _spawn("maintain", [sys.executable, "-m", "streaming.cli", "maintain"], layout, sidecar_env)
+    sup, ingest = supervisor(settings, layout, env, policy, rotation)
     sim: Child | None = None
     started = time.monotonic()
     interrupted = False
+    gave_up: GaveUp | None = None
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)  # the children run in their own sessions
     try:
-        _wait_for_ingest(ingest, metrics_url)
+        for child in sup.children:
+            print(f"starting {child.name} (log {child.log}) ...", flush=True)
+            child.start()
+        _wait_for_ingest(sup, ingest, metrics_url)
         print(
             f"streaming job up ({time.monotonic() - started:.0f} s); starting sensor-sim at {rate}/s",
             flush=True,
@@ -168,39 +217,49 @@ def run_pipeline(settings: Settings, layout: StackLayout, duration: float, rate:
         last: dict[str, Any] = {}
         try:
             while sim.process.poll() is None:
-                print(_live_line(started, settings, scrape(metrics_url), last), flush=True)
+                _report(sup.tick())
+                print(_live_line(started, settings, scrape(metrics_url), last, sup), flush=True)
                 _sleep_until(sim, REFRESH_S)
         except KeyboardInterrupt:
             interrupted = True
-            print("\nCtrl-C: stopping the simulator, then draining the stream ...", flush=True)
+            print("\nstopping the simulator, then draining the stream ...", flush=True)
             sim.process.send_signal(signal.SIGINT)
             sim.process.wait(60)
         if sim.process.returncode not in (0, None) and not interrupted:
             print(f"sensor-sim exited with {sim.process.returncode}:\n{sim.tail()}", file=sys.stderr)
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while time.monotonic() < deadline:
-            print(_live_line(started, settings, scrape(metrics_url), last), flush=True)
+            _report(sup.tick())  # a job that dies while draining is restarted and resumes from its checkpoint
+            print(_live_line(started, settings, scrape(metrics_url), last, sup), flush=True)
             if stream_status(settings).total_lag == 0:
                 break
-            if ingest.process.poll() is not None:
-                raise StackError(f"the streaming job exited with {ingest.process.returncode}:\n{ingest.tail()}")
             time.sleep(REFRESH_S)
+    except GaveUp as e:
+        gave_up = e
+        print(f"\nerror: {e}", file=sys.stderr, flush=True)
     finally:
+        signal.signal(signal.SIGTERM, previous_term)
         if sim is not None:
             sim.stop()
-        if sidecar is not None:
-            sidecar.stop(timeout=120)
-        code = ingest.stop(timeout=120)
-    compaction = _final_compaction(settings, layout, env) if code in (0, None) else None
-    print_summary(settings, layout, summary_path, ingest, code, compaction)
-    return 0 if code in (0, None) else 1
+        code = sup.stop(timeout=120)["ingest"]  # the sidecar first, then the job
+    ok = gave_up is None and code in (0, None)
+    compaction = _final_compaction(settings, layout, env) if ok else None
+    print_summary(settings, layout, summary_path, ingest.log, code, compaction, sup.summary())
+    if gave_up is not None:
+        print(f"\ngave up: {first_line(gave_up)}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM: stop like Ctrl-C (drain, stop the children) instead of dying and leaving them running."""
+    raise KeyboardInterrupt
 
 
 def _final_compaction(settings: Settings, layout: StackLayout, env: dict[str, str]) -> list[dict[str, Any]] | None:
     """With the stream stopped, `iotlake optimize` every table: the files before and after, for the summary."""
     print("stream stopped; compacting the tables once (iotlake optimize) ...", flush=True)
     log = layout.logs / "optimize.log"
-    with log.open("wb") as handle:
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, logrotate.LOG_MODE), "wb") as handle:
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "streaming.cli", "optimize", "--json"],
@@ -209,6 +268,7 @@ def _final_compaction(settings: Settings, layout: StackLayout, env: dict[str, st
                 env=env,
                 timeout=900,
                 check=False,
+                umask=proc.PRIVATE_UMASK,
             )
         except subprocess.TimeoutExpired:
             print(f"optimize did not finish within 900 s; see {log}", file=sys.stderr)
@@ -232,9 +292,10 @@ def print_summary(
     settings: Settings,
     layout: StackLayout,
     summary_path: Path,
-    ingest: Child,
+    ingest_log: Path,
     code: int | None,
     compaction: list[dict[str, Any]] | None = None,
+    supervision: list[str] | None = None,
 ) -> None:
     sent = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     print("\n=== summary " + "=" * 60)
@@ -264,7 +325,9 @@ def print_summary(
         print("compaction:  nothing to compact (no partition with two or more small files)")
     stream = stream_status(settings)
     print(f"stream:      last batch {stream.last_batch_id}, lag {stream.total_lag}, checkpoint {stream.checkpoint}")
-    print(f"ingest exit: {code}  (log {ingest.log})")
+    print(f"ingest exit: {code}  (log {ingest_log})")
+    for line in supervision or []:
+        print(f"supervisor:  {line}")
     print("tables:      rows of every run so far; start afresh: `make down`, remove var/ and checkpoints/ingest")
     print(
         "next:        `make status`, `.venv/bin/iotlake status`, MinIO console at "
@@ -285,10 +348,25 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of simulated traffic (default 120)")
     parser.add_argument("--rate", type=int, default=5000, help="events per second from sensor-sim (default 5000)")
     parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
+    default = RestartPolicy()
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=default.max_restarts,
+        help="restarts of a dead ingest job or sidecar allowed within --restart-window, then exit 1 "
+        f"(default {default.max_restarts})",
+    )
+    parser.add_argument(
+        "--restart-window",
+        type=float,
+        default=default.window_s,
+        help=f"seconds over which deaths count against --max-restarts (default {default.window_s:.0f})",
+    )
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from stack.cli import layout, load_settings_from
 
-    return run_pipeline(load_settings_from(args), layout(), args.duration, args.rate, args.devices)
+    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+    return run_pipeline(load_settings_from(args), layout(), args.duration, args.rate, args.devices, policy)

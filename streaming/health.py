@@ -292,14 +292,29 @@ def vacuum_due(last_vacuum_ms: int | None, now_ms: int, vacuum_interval_s: float
     return last_vacuum_ms is None or now_ms - last_vacuum_ms >= vacuum_interval_s * 1000
 
 
+@dataclass(frozen=True)
+class StreamProgress:
+    """What the VACUUM guard knows of the stream: messages between its committed offsets and the topic's end,
+    and the seconds since it committed its last batch."""
+
+    behind: int
+    since_commit_s: float
+
+    @property
+    def stalled_s(self) -> float:
+        """How long it has been behind without committing (0 when caught up: an idle stream lags nothing)."""
+        return self.since_commit_s if self.behind > 0 else 0.0
+
+
 def check_vacuum_retention(
-    table: str, retention_s: float, table_retention_s: float, stream_lag_s: float | None
+    table: str, retention_s: float, table_retention_s: float, stream: StreamProgress | None
 ) -> None:
     """Refuse a VACUUM that could delete files a reader or the stream still needs.
 
     - below the table's delta.deletedFileRetentionDuration (Delta's own safety check);
-    - at or below the stream's checkpoint lag (time since its last committed batch): a batch replayed after a
-      restart re-reads the snapshot of that time, and its files must still exist.
+    - while the stream is behind the topic's end and has not committed for the retention or longer: when it
+      resumes, the batch it replays re-reads the snapshot of that time, whose files must still exist. A
+      caught-up stream (no lag; an idle topic) has nothing to replay, however long ago it last committed.
     """
     if retention_s <= 0:
         raise ConfigError(f"VACUUM {table}: retention must be > 0, got {retention_s:g} s.")
@@ -309,11 +324,12 @@ def check_vacuum_retention(
             f"({_human(table_retention_s)}), Delta's safety check. Readers and time travel within that window "
             "would break. Use a longer retention, or lower tables.deleted_file_retention deliberately."
         )
-    if stream_lag_s is not None and retention_s <= stream_lag_s:
+    if stream is not None and stream.behind > 0 and stream.stalled_s >= retention_s:
         raise ConfigError(
-            f"VACUUM {table}: retention {_human(retention_s)} is not above the stream's checkpoint lag "
-            f"({_human(stream_lag_s)} since its last committed batch); a replayed batch would miss files. "
-            "Let the stream catch up first, or use a longer retention."
+            f"VACUUM {table}: the stream is {stream.behind:,} messages behind the topic's end and has not "
+            f"committed a batch for {_human(stream.stalled_s)}, not less than the retention "
+            f"({_human(retention_s)}); the batch it replays when it resumes would miss files. Get the stream "
+            "going and let it catch up first (`iotlake status` shows its lag), or use a longer retention."
         )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from streaming.config import Settings, TableConfig, parse_duration
-from streaming.errors import ConfigError, IotLakeError, first_line
+from streaming.errors import ConfigError, IotLakeError, ServiceUnreachableError, first_line
 from streaming.health import (
     UNPARTITIONED,
     Commit,
@@ -36,9 +36,10 @@ from streaming.health import (
     table_health,
     vacuum_due,
 )
+from streaming.ingest import checkpoint_location
 from streaming.lakelog import list_objects, read_table
 from streaming.metrics import MaintenanceMetrics
-from streaming.status import stream_lag_s
+from streaming.status import stream_progress
 from streaming.tables import is_conflict
 
 log = logging.getLogger(__name__)
@@ -128,9 +129,29 @@ def table_retention_s(settings: Settings) -> float:
 
 
 def check_vacuum(settings: Settings, table: str, retention_s: float | None) -> float:
-    """The retention a VACUUM of `table` will use (default: the table's), after the safety checks."""
+    """The retention a VACUUM of `table` will use (default: the table's), after the safety checks.
+
+    The stream's progress comes from its checkpoint (ingest.checkpoint_location, which this process must
+    see: compose mounts the ingest's checkpoint volume read-only into maintain) and Kafka's end offsets.
+    """
     retention = table_retention_s(settings) if retention_s is None else retention_s
-    check_vacuum_retention(table, retention, table_retention_s(settings), stream_lag_s(settings))
+    check_vacuum_retention(table, retention, table_retention_s(settings), None)  # before any I/O
+    try:
+        progress = stream_progress(settings)
+    except ServiceUnreachableError as e:
+        raise ConfigError(
+            f"VACUUM {table}: can't tell whether the stream is behind: {first_line(e)} Not vacuuming until "
+            "Kafka answers."
+        ) from e
+    if progress is None:
+        log.warning(
+            "VACUUM %s: no committed batch in the stream's checkpoint %s (ingest.checkpoint_location), so the "
+            "guard can't tell whether the stream is behind. If the stream runs, point this setting at its "
+            "checkpoint.",
+            table,
+            checkpoint_location(settings),
+        )
+    check_vacuum_retention(table, retention, table_retention_s(settings), progress)
     return retention
 
 

@@ -12,6 +12,8 @@ from typing import Any
 import pyarrow as pa
 
 from streaming.config import Settings
+from streaming.errors import ServiceUnreachableError
+from streaming.health import StreamProgress
 from streaming.ingest import checkpoint_location
 from streaming.preflight import (
     CHECK_TIMEOUT_S,
@@ -136,6 +138,18 @@ def stream_lag_s(settings: Settings, now: float | None = None) -> float | None:
     if not stamps:
         return None
     return max((time.time() if now is None else now) - max(stamps), 0.0)
+
+
+def stream_progress(settings: Settings, now: float | None = None) -> StreamProgress | None:
+    """How far the stream is behind the topic's end, and since when it has not committed (None: it never
+    committed). Reads its checkpoint and Kafka's end offsets (ServiceUnreachableError if Kafka is down)."""
+    since = stream_lag_s(settings, now)
+    if since is None:
+        return None
+    stream = stream_status(settings)
+    if stream.kafka_note:  # the topic's end can't be read from here: don't guess the stream is caught up
+        raise ServiceUnreachableError(stream.kafka_note)
+    return StreamProgress(behind=stream.total_lag, since_commit_s=since)
 
 
 def committed_offsets(offsets_text: str, topic: str) -> dict[int, int]:

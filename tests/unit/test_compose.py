@@ -300,11 +300,13 @@ def test_minio_init_gets_exactly_the_bootstrap_secrets(
 
 
 def test_other_variables_are_ones_the_programs_read(services: dict[str, dict[str, Any]]) -> None:
-    """Non-IOTLAKE_* variables of app services: MinIO bootstrap names or sensor-sim's [env: ...] fallbacks."""
+    """Non-IOTLAKE_* variables of app services: MinIO bootstrap names, sensor-sim's [env: ...] fallbacks, or
+    the Spark worker's SPARK_WORKER_OPTS (its launch command shows spark-class reads it: see
+    test_compose_spark_worker_cleans_its_work_dir_like_the_native_one)."""
     sim_envs = {sim_cli.env_name(flag) for flag in option_strings(sim_cli.build_parser({})) if flag.startswith("--")}
     for name, svc in app_services(services).items():
         for key in svc.get("environment") or {}:
-            if key.startswith("IOTLAKE_") or key in sec.NAMES:
+            if key.startswith("IOTLAKE_") or key in sec.NAMES or (name, key) == ("spark-worker", "SPARK_WORKER_OPTS"):
                 continue
             assert key.startswith("SENSOR_SIM_"), f"{name}: {key} is read by no program"
             flag = "--" + key[len("SENSOR_SIM_") :].lower().replace("_", "-")
@@ -637,3 +639,61 @@ def test_probe_fails_when_nothing_answers() -> None:
     port = free_port_pair()
     ok, why = compose.probe(f"http://127.0.0.1:{port}/metrics", timeout=1.0)
     assert not ok and "did not answer" in why
+
+
+# --- operations: the VACUUM guard's source, the Spark worker's disk -------------------------------------------
+
+
+def _volume_holding(svc: Mapping[str, Any], path: str) -> dict[str, Any] | None:
+    """The named-volume mount of a service that holds `path` in its container."""
+    for mount in svc.get("volumes") or []:
+        target = str(mount["target"]).rstrip("/")
+        if mount["type"] == "volume" and (path == target or path.startswith(target + "/")):
+            found: dict[str, Any] = mount
+            return found
+    return None
+
+
+def test_maintain_reads_the_ingest_checkpoint_read_only(services: dict[str, dict[str, Any]]) -> None:
+    """The sidecar's VACUUM guard reads the stream's checkpoint: the same path on the same volume, read-only."""
+    ingest, maintain = services["ingest"], services["maintain"]
+    where = settings_for(ingest).ingest.checkpoint_location
+    assert settings_for(maintain).ingest.checkpoint_location == where, "maintain would read another checkpoint"
+    written, read = _volume_holding(ingest, where), _volume_holding(maintain, where)
+    assert written is not None and not written.get("read_only"), ingest.get("volumes")
+    assert read is not None, f"maintain has no volume at {where}: its VACUUM guard can't see the stream"
+    assert read["source"] == written["source"] and read.get("read_only") is True, read
+
+
+def test_compose_spark_worker_cleans_its_work_dir_like_the_native_one(services: dict[str, dict[str, Any]]) -> None:
+    """Every application's executors copy the jars (~750 MB) into the work dir: finished ones must go."""
+    from stack import spark_cluster
+
+    worker = services["spark-worker"]
+    opts = str((worker.get("environment") or {}).get("SPARK_WORKER_OPTS", ""))
+    flags = dict(re.findall(r"-D(spark\.[\w.]+)=(\S+)", opts))
+    for key, value in spark_cluster.WORKER_PROPERTIES.items():
+        assert flags.get(key) == value, f"spark-worker lacks -D{key}={value} (the native worker has it)"
+    # spark-class itself hands SPARK_WORKER_OPTS to the Worker's JVM (its launch command, printed).
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "SPARK_WORKER_OPTS": opts,
+        "SPARK_PRINT_LAUNCH_COMMAND": "1",
+    }
+    done = subprocess.run(
+        [str(bin_dir / "spark-class"), "org.apache.spark.deploy.worker.Worker", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    launch = next((line for line in (done.stdout + done.stderr).splitlines() if "Spark Command:" in line), "")
+    for key, value in flags.items():
+        assert f"-D{key}={value}" in launch, f"not in the Worker's launch command: {launch[:500]}"
+    # The work dir on a named volume, not in the container's writable layer.
+    command = [str(a) for a in worker["command"]]
+    work_dir = command[command.index("--work-dir") + 1]
+    assert _volume_holding(worker, work_dir) is not None, f"{work_dir} is not on a volume"

@@ -20,6 +20,7 @@ from streaming.health import (
     DataFile,
     PartitionHealth,
     StoredObject,
+    StreamProgress,
     check_vacuum_retention,
     churn,
     is_closed,
@@ -187,14 +188,23 @@ def test_vacuum_is_due_after_the_interval_or_when_never_run() -> None:
 
 def test_vacuum_below_the_tables_retention_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"below the table's deleted-file retention \(7 days\)"):
-        check_vacuum_retention("readings", 3600, 7 * 86400, stream_lag_s=None)
-    check_vacuum_retention("readings", 7 * 86400, 7 * 86400, stream_lag_s=None)  # at the retention: allowed
+        check_vacuum_retention("readings", 3600, 7 * 86400, stream=None)
+    check_vacuum_retention("readings", 7 * 86400, 7 * 86400, stream=None)  # at the retention: allowed
 
 
-def test_vacuum_at_or_below_the_streams_checkpoint_lag_is_refused() -> None:
-    with pytest.raises(ConfigError, match="checkpoint lag"):
-        check_vacuum_retention("readings", 7 * 86400, 7 * 86400, stream_lag_s=8 * 86400)
-    check_vacuum_retention("readings", 7 * 86400, 7 * 86400, stream_lag_s=60)  # caught-up stream: fine
+def test_vacuum_is_refused_only_while_the_stream_is_stalled_behind_for_the_retention() -> None:
+    week = 7 * 86400
+    with pytest.raises(ConfigError, match=r"5 messages behind the topic's end .* for 8 days"):
+        check_vacuum_retention("readings", week, week, StreamProgress(behind=5, since_commit_s=8 * 86400))
+    with pytest.raises(ConfigError, match="behind"):  # at the retention: refused, as before
+        check_vacuum_retention("readings", week, week, StreamProgress(behind=1, since_commit_s=week))
+    # Idle topic: caught up, last commit a month ago. Nothing to replay, so nothing to lose.
+    check_vacuum_retention("readings", week, week, StreamProgress(behind=0, since_commit_s=30 * 86400))
+    # Behind but committing: working through a backlog.
+    check_vacuum_retention("readings", week, week, StreamProgress(behind=10**6, since_commit_s=60))
+    # A longer retention than the stall: allowed.
+    check_vacuum_retention("readings", 9 * 86400, week, StreamProgress(behind=5, since_commit_s=8 * 86400))
+    assert StreamProgress(behind=0, since_commit_s=99.0).stalled_s == 0.0
 
 
 def test_backoff_doubles_up_to_the_cap_and_resets_on_success() -> None:
