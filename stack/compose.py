@@ -10,7 +10,6 @@ purpose: compose refuses an empty `${VAR:?message}`, so a copied example never s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -102,18 +101,7 @@ def write_env(path: Path, force: bool = False, template_path: Path = ENV_EXAMPLE
         template = template_path.read_text()
     except FileNotFoundError as e:
         raise StackError(f"{template_path} is missing; restore it from git (`git checkout .env.example`).") from e
-    text = render_env(template, generate_values())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    path.chmod(0o600)
+    sec.write_private(path, render_env(template, generate_values()))
     return path
 
 
