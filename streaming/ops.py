@@ -1,9 +1,9 @@
 """Table operations behind `iotlake history|show|restore|changes|delete-device`.
 
 Pure helpers (table names, timestamps, metric picking, JSON conversion, text tables, the VACUUM horizon,
-confirmation) come first and are unit-tested; `TableOps` does the Spark and Delta work. These commands
-are a second writer beside the stream: `streaming.logstore.check_writers_safe` decides whether that
-is safe.
+confirmation, commit tags and purges) come first and are unit-tested; `TableOps` does the Spark and Delta
+work. These commands are a second writer beside the stream: `streaming.logstore.check_writers_safe` decides
+whether that is safe, and their writes retry the races they lose to it.
 """
 
 from __future__ import annotations
@@ -11,13 +11,17 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import operator
+import shlex
 import sys
+import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from functools import reduce
 from typing import TYPE_CHECKING, Any, TextIO
 
 from streaming.config import Settings, parse_duration
@@ -62,6 +66,16 @@ KEY_METRICS = (
 DEFAULT_DELETED_FILE_RETENTION = "interval 1 week"  # Delta's default for delta.deletedFileRetentionDuration
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+TAG_PREFIX = "iotlake"  # our commits' userMetadata: "iotlake <operation> <uuid> [<details as JSON>]"
+PURGE = "delete-device"
+# A DELETE that loses the race to the stream's commit is run again, with the stream's backoff
+# (streaming.tables.retry_on_conflict: 0.5 s doubling to 8 s): 8 attempts wait about 30 s in all.
+DELETE_ATTEMPTS = 8
+# More distinct partitions than this and the DELETE reads the whole table instead of a list of literals.
+MAX_PARTITION_LITERALS = 1000
+# Quarantine rows belong to a device by their Kafka key or by the device_id their JSON payload names: either
+# is enough (a message keyed by the device but naming another device in its payload is purged too).
+QUARANTINE_MATCH = "raw_key or value_text $.device_id"
 
 
 # --- pure helpers ----------------------------------------------------------------------------------
@@ -176,6 +190,65 @@ def confirm(question: str, *, assume_yes: bool, stdin: TextIO, stdout: TextIO, r
     return stdin.readline().strip().lower() in ("y", "yes")
 
 
+def commit_tag(operation: str, **details: str) -> str:
+    """A unique userMetadata for one of our commits: history finds it, and `details` say what it did."""
+    tag = f"{TAG_PREFIX} {operation} {uuid.uuid4().hex}"
+    return f"{tag} {json.dumps(details, sort_keys=True)}" if details else tag
+
+
+def parse_tag(user_metadata: str | None) -> tuple[str, dict[str, str]] | None:
+    """(operation, details) of a commit_tag; None for any other userMetadata. Unreadable details are {}."""
+    parts = (user_metadata or "").split(" ", 3)
+    if len(parts) < 3 or parts[0] != TAG_PREFIX:
+        return None
+    details: dict[str, str] = {}
+    if len(parts) == 4:
+        try:
+            loaded = json.loads(parts[3])
+        except ValueError:
+            loaded = {}
+        if isinstance(loaded, dict):
+            details = {str(k): str(v) for k, v in loaded.items()}
+    return parts[1], details
+
+
+@dataclass(frozen=True)
+class Purge:
+    """A delete-device commit: its version, the device (None: the tag predates naming it) and its time."""
+
+    version: int
+    device_id: str | None
+    timestamp: str | None
+
+
+def purges_in(commits: Iterable[Mapping[str, Any]]) -> list[Purge]:
+    """The delete-device commits among commitInfo entries (delta-rs history), oldest first."""
+    found = []
+    for commit in commits:
+        tag = parse_tag(commit.get("userMetadata"))
+        if tag is None or tag[0] != PURGE or commit.get("version") is None:
+            continue
+        stamp = commit.get("timestamp")
+        found.append(Purge(int(commit["version"]), tag[1].get("device_id"), iso_ms(int(stamp)) if stamp else None))
+    return sorted(found, key=lambda p: p.version)
+
+
+def purge_warning(table: str, version: int, purges: Sequence[Purge]) -> str:
+    """What a restore to `version` undoes: the purges committed after it, by device."""
+    named = [
+        f"{repr(p.device_id) if p.device_id else 'a device not recorded in the commit'} "
+        f"(purged at version {p.version}, {p.timestamp})"
+        for p in purges
+    ]
+    again = sorted({p.device_id for p in purges if p.device_id})
+    commands = " and ".join(f"`iotlake delete-device {shlex.quote(d)} --yes`" for d in again)
+    redo = f" To keep them purged, run {commands} after the restore." if commands else ""
+    return (
+        f"Restoring {table} to version {version} brings back rows that `iotlake delete-device` purged after it: "
+        f"{', '.join(named)}.{redo}"
+    )
+
+
 # --- results ---------------------------------------------------------------------------------------
 
 
@@ -210,6 +283,7 @@ class RestoreResult:
     new_version: int | None
     rows_after: int
     metrics: dict[str, int]
+    purges_undone: list[Purge] = field(default_factory=list)  # delete-device commits the restore went back over
 
 
 @dataclass(frozen=True)
@@ -225,7 +299,7 @@ class ChangesResult:
 @dataclass(frozen=True)
 class DeviceDeletion:
     table: str
-    matched_on: str  # the column the device was matched on
+    matched_on: str  # what the device was matched on (a column, or QUARANTINE_MATCH)
     rows_deleted: int
     commit_version: int | None = None
     commit_timestamp: str | None = None
@@ -236,6 +310,9 @@ class DeviceDeletion:
     change_files_added: int = 0
     deleted_file_retention: str | None = None
     vacuum_eligible_at: str | None = None
+    retries: int = 0  # races lost to another writer's commit, each followed by a new attempt
+    partitions: int | None = None  # partitions the DELETE read (the device's); None: the whole table
+    rows_remaining: int = 0  # rows of the device in the table after the purge (they arrived during or after it)
 
 
 @dataclass(frozen=True)
@@ -248,6 +325,14 @@ class DeleteReport:
         return sum(t.rows_deleted for t in self.tables)
 
     @property
+    def retries(self) -> int:
+        return sum(t.retries for t in self.tables)
+
+    @property
+    def rows_remaining(self) -> int:
+        return sum(t.rows_remaining for t in self.tables)
+
+    @property
     def vacuum_eligible_at(self) -> str | None:
         """When VACUUM can reclaim every table's removed files (the latest of the per-table times)."""
         times = [t.vacuum_eligible_at for t in self.tables if t.vacuum_eligible_at]
@@ -257,6 +342,8 @@ class DeleteReport:
         return {
             "device_id": self.device_id,
             "rows_deleted": self.rows_deleted,
+            "retries": self.retries,
+            "rows_remaining": self.rows_remaining,
             "vacuum_eligible_at": self.vacuum_eligible_at,
             "tables": [asdict(t) for t in self.tables],
         }
@@ -291,10 +378,12 @@ def format_show(result: ShowResult) -> str:
 
 def format_restore(result: RestoreResult) -> str:
     m = result.metrics
+    undone = ", ".join(repr(p.device_id) if p.device_id else "an unnamed device" for p in result.purges_undone)
     return (
         f"restored {result.table} to version {result.restored_version} (was at {result.previous_version}); "
         f"new version {result.new_version}, {result.rows_after} row(s); "
         f"files restored {m.get('numRestoredFiles', 0)}, removed {m.get('numRemovedFiles', 0)}"
+        + (f"; purged device(s) back in the table: {undone}" if undone else "")
     )
 
 
@@ -315,6 +404,7 @@ def format_delete_report(report: DeleteReport) -> str:
             t.matched_on,
             t.rows_deleted,
             t.commit_version if t.commit_version is not None else "-",
+            t.retries,
             t.files_removed,
             t.bytes_removed,
             t.change_files_added,
@@ -329,6 +419,7 @@ def format_delete_report(report: DeleteReport) -> str:
             "matched on",
             "rows deleted",
             "version",
+            "retries",
             "files removed",
             "bytes removed",
             "change files",
@@ -337,7 +428,15 @@ def format_delete_report(report: DeleteReport) -> str:
         ],
         rows,
     )
-    lines = [f"deleted device {report.device_id!r}: {report.rows_deleted} row(s)", table]
+    retried = f", after {report.retries} retried conflict(s) with other writers" if report.retries else ""
+    lines = [f"deleted device {report.device_id!r}: {report.rows_deleted} row(s){retried}", table]
+    if report.rows_remaining:
+        where = ", ".join(f"{t.table}: {t.rows_remaining}" for t in report.tables if t.rows_remaining)
+        lines.append(
+            f"{report.rows_remaining} row(s) of device {report.device_id!r} arrived while or after it was purged "
+            f"({where}): its messages are still coming in. Stop the device (or the replay sending it), then run "
+            f"`iotlake delete-device {shlex.quote(report.device_id)} --yes` again."
+        )
     if report.rows_deleted:
         lines.append(
             "The rows are gone from the current versions, but older versions (time travel), the files the "
@@ -361,10 +460,7 @@ class TableOps:
         from delta.tables import DeltaTable
 
         if not DeltaTable.isDeltaTable(self.spark, table.uri):
-            raise TableNotCreatedError(
-                f"Table {table.name} does not exist yet at {table.uri}. The stream creates it: run "
-                "`iotlake ingest` (or `make run`) first, and check storage.base_uri in `iotlake config`."
-            )
+            raise _not_created(table)
         return DeltaTable.forPath(self.spark, table.uri)
 
     def latest_version(self, table: LakeTable) -> tuple[int, int]:
@@ -376,11 +472,7 @@ class TableOps:
         return int(row["version"]), int(row["ms"])
 
     def _check_version(self, table: LakeTable, version: int, latest: int) -> None:
-        if version < 0 or version > latest:
-            raise VersionNotFoundError(
-                f"{table.name} has no version {version}: its newest version is {latest}. "
-                f"See `iotlake history {table.name}`."
-            )
+        check_version(table, version, latest)
 
     def history(self, name: str, limit: int | None = None) -> list[HistoryEntry]:
         from pyspark.sql import functions as F
@@ -482,7 +574,8 @@ class TableOps:
         self._check_version(table, version, latest)
         check_writers_safe(self.settings, "ops")
         delta = self._delta(table)
-        with _tagged_commit(self.spark, "restore") as tag, _delta_errors(table):
+        tag = commit_tag("restore")
+        with _user_metadata(self.spark, tag), _delta_errors(table):
             metrics_row = delta.restoreToVersion(version).first()
         entry = self._tagged_entry(table, tag)
         return RestoreResult(
@@ -529,51 +622,117 @@ class TableOps:
             rows=[[jsonable(v) for v in r] for r in rows],
         )
 
-    def delete_device(self, device_id: str) -> DeleteReport:
-        """Row-level DELETE of one device from every table that records it; what VACUUM must then do."""
-        check_writers_safe(self.settings, "ops")
-        report = DeleteReport(device_id)
-        for table in lake_tables(self.settings):
-            delta = self._delta(table)
-            columns = delta.toDF().columns
-            condition = device_condition(table, columns, device_id)
-            matched_on = "device_id" if "device_id" in columns else "raw_key"
-            matching = delta.toDF().filter(condition).count()
-            if matching == 0:  # no empty DELETE commits
-                report.tables.append(DeviceDeletion(table.name, matched_on, 0))
-                continue
-            with _tagged_commit(self.spark, "delete-device") as tag, _delta_errors(table):
-                delta.delete(condition)
-            entry = self._tagged_entry(table, tag)
-            retention = self._deleted_file_retention(delta)
-            metrics = entry.metrics if entry else {}
-            commit_ms = entry.timestamp_ms if entry else None
-            report.tables.append(
-                DeviceDeletion(
-                    table=table.name,
-                    matched_on=matched_on,
-                    rows_deleted=metrics.get("numDeletedRows", matching),
-                    commit_version=entry.version if entry else None,
-                    commit_timestamp=entry.timestamp if entry else None,
-                    files_removed=metrics.get("numRemovedFiles", 0),
-                    bytes_removed=metrics.get("numRemovedBytes", 0),
-                    files_added=metrics.get("numAddedFiles", 0),
-                    bytes_added=metrics.get("numAddedBytes", 0),
-                    change_files_added=metrics.get("numAddedChangeFiles", 0),
-                    deleted_file_retention=retention,
-                    vacuum_eligible_at=(
-                        vacuum_eligible_at(commit_ms, retention).isoformat(timespec="seconds")
-                        if commit_ms is not None
-                        else None
-                    ),
-                )
-            )
-        return report
+    def delete_device(
+        self, device_id: str, attempts: int = DELETE_ATTEMPTS, sleep: Callable[[float], None] = time.sleep
+    ) -> DeleteReport:
+        """Row-level DELETE of one device from every table that records it; what VACUUM must then do.
 
-    def _deleted_file_retention(self, delta: DeltaTable) -> str:
-        detail = delta.detail().select("properties").first()
+        The stream commits beside it every few seconds and the first commit wins, so a DELETE that loses the
+        race runs again the way the stream's writes do (streaming.tables.retry_on_conflict), up to `attempts`
+        times; the report counts the retries. Each attempt reads only the partitions that hold the device, so
+        commits to other partitions don't conflict with it. Rows of the device found in the tables afterwards
+        (committed beside or after the DELETE: the device is still sending) are reported as remaining.
+        """
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        check_writers_safe(self.settings, "ops")
+        tables = lake_tables(self.settings)
+        done: list[DeviceDeletion] = []
+        for i, table in enumerate(tables):
+            pending = [t.name for t in tables[i:]]
+            done.append(self._delete_device_from(table, device_id, attempts, sleep, done, pending))
+        remaining = [self._count_device(t, device_id) for t in tables]
+        return DeleteReport(device_id, [replace(d, rows_remaining=n) for d, n in zip(done, remaining, strict=True)])
+
+    def _delete_device_from(
+        self,
+        table: LakeTable,
+        device_id: str,
+        attempts: int,
+        sleep: Callable[[float], None],
+        done: Sequence[DeviceDeletion],
+        pending: Sequence[str],
+    ) -> DeviceDeletion:
+        """One table's DELETE, retried when it loses a race; no commit when the table has no row of the device."""
+        from streaming.tables import is_conflict, retry_on_conflict
+
+        delta = self._delta(table)
+        columns = self._read(table).columns
+        condition = device_condition(table, columns, device_id)
+        matched_on = "device_id" if "device_id" in columns else QUARANTINE_MATCH
+        partition_columns, retention = self._table_detail(delta)
+        tag = commit_tag(PURGE, device_id=device_id)
+        retries = 0
+
+        def retried(_: str) -> None:
+            nonlocal retries
+            retries += 1
+
+        def attempt() -> tuple[int, int | None]:
+            """(the device's rows found, partitions the DELETE read or None for all); a fresh look each time."""
+            groups = self._device_partitions(table, condition, partition_columns)
+            found = sum(rows for _, rows in groups)
+            if found == 0:  # no empty DELETE commits
+                return 0, None
+            narrow = partition_filter(partition_columns, [values for values, _ in groups])
+            with _user_metadata(self.spark, tag):
+                delta.delete(condition if narrow is None else narrow & condition)
+            return found, None if narrow is None else len(groups)
+
+        with _delta_errors(table):
+            try:
+                found, partitions = retry_on_conflict(attempt, table.name, retried, attempts, sleep)
+            except Exception as e:
+                if not is_conflict(e):
+                    raise
+                raise ConcurrentWriteError(_gave_up(table.name, device_id, attempts, e, done, pending)) from e
+        if found == 0:
+            return DeviceDeletion(table.name, matched_on, 0, retries=retries)
+        entry = self._tagged_entry(table, tag)
+        metrics = entry.metrics if entry else {}
+        commit_ms = entry.timestamp_ms if entry else None
+        return DeviceDeletion(
+            table=table.name,
+            matched_on=matched_on,
+            rows_deleted=metrics.get("numDeletedRows", found),
+            commit_version=entry.version if entry else None,
+            commit_timestamp=entry.timestamp if entry else None,
+            files_removed=metrics.get("numRemovedFiles", 0),
+            bytes_removed=metrics.get("numRemovedBytes", 0),
+            files_added=metrics.get("numAddedFiles", 0),
+            bytes_added=metrics.get("numAddedBytes", 0),
+            change_files_added=metrics.get("numAddedChangeFiles", 0),
+            deleted_file_retention=retention,
+            vacuum_eligible_at=(
+                vacuum_eligible_at(commit_ms, retention).isoformat(timespec="seconds")
+                if commit_ms is not None
+                else None
+            ),
+            retries=retries,
+            partitions=partitions,
+        )
+
+    def _read(self, table: LakeTable) -> DataFrame:
+        """The table's newest version (a new read each call: other writers keep committing)."""
+        return self.spark.read.format("delta").load(table.uri)
+
+    def _count_device(self, table: LakeTable, device_id: str) -> int:
+        frame = self._read(table)
+        return frame.filter(device_condition(table, frame.columns, device_id)).count()
+
+    def _device_partitions(
+        self, table: LakeTable, condition: Column, partition_columns: Sequence[str]
+    ) -> list[tuple[tuple[Any, ...], int]]:
+        """(partition values, rows) of every partition holding rows that match `condition`."""
+        counts = self._read(table).filter(condition).groupBy(*partition_columns).count().collect()
+        return [(tuple(r[c] for c in partition_columns), int(r["count"])) for r in counts]
+
+    def _table_detail(self, delta: DeltaTable) -> tuple[list[str], str]:
+        """(partition columns, delta.deletedFileRetentionDuration) of the table."""
+        detail = delta.detail().select("partitionColumns", "properties").first()
+        partitions = list(detail["partitionColumns"] or []) if detail is not None else []
         properties = (detail["properties"] if detail is not None else None) or {}
-        return str(properties.get("delta.deletedFileRetentionDuration", DEFAULT_DELETED_FILE_RETENTION))
+        return partitions, str(properties.get("delta.deletedFileRetentionDuration", DEFAULT_DELETED_FILE_RETENTION))
 
     def _tagged_entry(self, table: LakeTable, tag: str) -> HistoryEntry | None:
         """Our own commit, found by its userMetadata tag among the newest commits (the stream may add more)."""
@@ -584,14 +743,101 @@ class TableOps:
 
 
 def device_condition(table: LakeTable, columns: Sequence[str], device_id: str) -> Column:
-    """A typed condition for one device's rows: device_id, or quarantine's Kafka key (the device id)."""
+    """A typed condition for one device's rows: device_id; in quarantine, the Kafka key or the payload's device_id.
+
+    A quarantined message is the device's when either names it (QUARANTINE_MATCH): keyed by the device, or sent
+    under another key (or none) with the device's id in its JSON. A payload that isn't JSON matches on its key only.
+    """
     from pyspark.sql import functions as F
 
     if "device_id" in columns:
         return F.col("device_id") == F.lit(device_id)
-    if "raw_key" in columns:
-        return F.col("raw_key") == F.lit(device_id.encode("utf-8"))
-    raise ConfigError(f"Table {table.name} has neither a device_id nor a raw_key column to match a device on.")
+    if "raw_key" in columns and "value_text" in columns:
+        by_key = F.coalesce(F.col("raw_key") == F.lit(device_id.encode("utf-8")), F.lit(False))
+        by_payload = F.coalesce(F.get_json_object("value_text", "$.device_id") == F.lit(device_id), F.lit(False))
+        return by_key | by_payload
+    raise ConfigError(
+        f"Table {table.name} has neither a device_id column nor raw_key and value_text columns to match a device on."
+    )
+
+
+def partition_filter(columns: Sequence[str], values: Sequence[Sequence[Any]]) -> Column | None:
+    """Literal partition values that confine a DELETE to these partitions; None to read the whole table.
+
+    Delta checks a write's conflicts against the partitions its condition names, so a DELETE that lists its
+    partitions only conflicts with commits to those, not with the stream's appends anywhere else.
+    """
+    from pyspark.sql import functions as F
+
+    if not columns or not values or len(values) > MAX_PARTITION_LITERALS:
+        return None
+    if len(columns) == 1:
+        column = F.col(columns[0])
+        present = sorted({v[0] for v in values if v[0] is not None})
+        parts = [column.isin([F.lit(v) for v in present])] if present else []
+        if any(v[0] is None for v in values):
+            parts.append(column.isNull())
+        return reduce(operator.or_, parts)
+    each = [
+        reduce(operator.and_, [F.col(c).eqNullSafe(F.lit(v)) for c, v in zip(columns, vs, strict=True)])
+        for vs in values
+    ]
+    return reduce(operator.or_, each)
+
+
+def check_version(table: LakeTable, version: int, latest: int) -> None:
+    if version < 0 or version > latest:
+        raise VersionNotFoundError(
+            f"{table.name} has no version {version}: its newest version is {latest}. "
+            f"See `iotlake history {table.name}`."
+        )
+
+
+def purges_after(settings: Settings, table: LakeTable, version: int) -> tuple[int, list[Purge]]:
+    """(newest version, the delete-device commits after `version`) from the table's log with delta-rs: no JVM."""
+    from deltalake import DeltaTable as RsTable
+    from deltalake.exceptions import TableNotFoundError as RsTableNotFound
+
+    from streaming.status import delta_rs_uri, delta_storage_options
+
+    try:
+        log = RsTable(delta_rs_uri(table.uri), storage_options=delta_storage_options(settings))
+        latest = log.version()
+        commits = log.history(latest - version) if latest > version else []
+    except RsTableNotFound:
+        raise _not_created(table) from None
+    except Exception as e:
+        raise StorageError(
+            f"{table.name}: could not read its commit history at {table.uri} ({first_line(e, 300)}). Check that "
+            "storage is reachable with the configured keys (`iotlake status`)."
+        ) from e
+    return latest, purges_in(commits)
+
+
+def _not_created(table: LakeTable) -> TableNotCreatedError:
+    return TableNotCreatedError(
+        f"Table {table.name} does not exist yet at {table.uri}. The stream creates it: run "
+        "`iotlake ingest` (or `make run`) first, and check storage.base_uri in `iotlake config`."
+    )
+
+
+def _gave_up(
+    table: str,
+    device_id: str,
+    attempts: int,
+    error: BaseException,
+    done: Sequence[DeviceDeletion],
+    pending: Sequence[str],
+) -> str:
+    """Why delete-device stopped after losing every race on `table`, what it did purge, and what to do."""
+    purged = [f"{d.table} (version {d.commit_version})" for d in done if d.commit_version is not None]
+    already = f"Already purged: {', '.join(purged)}." if purged else "Nothing was purged yet."
+    return (
+        f"{table}: the DELETE of device {device_id!r} lost to another writer's commit {attempts} times in a row "
+        f"(the last: {first_line(error, 300)}). {already} Not purged yet: {', '.join(pending)}. Run "
+        f"`iotlake delete-device {shlex.quote(device_id)} --yes` again (tables already purged have nothing left to "
+        "delete), with more --attempts, or while `iotlake ingest` is stopped."
+    )
 
 
 def _restore_metrics(row: Any) -> dict[str, int]:
@@ -606,12 +852,11 @@ def _restore_metrics(row: Any) -> dict[str, int]:
 
 
 @contextmanager
-def _tagged_commit(spark: SparkSession, operation: str) -> Iterator[str]:
-    """Tag the next commit's userMetadata so that history finds exactly our commit; always untag."""
-    tag = f"iotlake {operation} {uuid.uuid4().hex}"
+def _user_metadata(spark: SparkSession, tag: str) -> Iterator[None]:
+    """Tag the next commit's userMetadata (a commit_tag) so that history finds exactly our commit; always untag."""
     spark.conf.set(USER_METADATA, tag)
     try:
-        yield tag
+        yield
     finally:
         spark.conf.unset(USER_METADATA)
 
@@ -621,6 +866,8 @@ def _delta_errors(table: LakeTable) -> Iterator[None]:
     """Delta's errors for versions and concurrent writers, as IotLakeErrors naming the fix."""
     try:
         yield
+    except IotLakeError:
+        raise  # already explained
     except Exception as e:
         text = str(e)
         if "DELTA_VERSION_NOT_FOUND" in text or "DELTA_CDC_START_VERSION_AFTER_LATEST" in text:
@@ -638,8 +885,6 @@ def _delta_errors(table: LakeTable) -> Iterator[None]:
                 f"{table.name}: another writer committed a conflicting change first ({first_line(text, 300)}). "
                 "Nothing was changed by this command; run it again."
             ) from e
-        if isinstance(e, IotLakeError):
-            raise
         raise StorageError(
             f"{table.name}: Delta failed: {first_line(text, 300)} Check that the table is reachable with the "
             "configured keys (`iotlake status`) and the version or time exists (`iotlake history`)."
@@ -649,23 +894,24 @@ def _delta_errors(table: LakeTable) -> Iterator[None]:
 # --- the `iotlake` subcommands ---------------------------------------------------------------------
 
 
-def _non_negative(what: str, lowest: str) -> Callable[[str], int]:
-    """An argparse type: a whole number >= 0, the error naming `what` it is."""
+def _at_least(minimum: int, what: str, lowest: str) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `minimum`, the error naming `what` it is."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if value < 0:
+        if value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r}: {lowest}")
         return value
 
     return parse
 
 
-_version = _non_negative("a version number (0, 1, 2, ...)", "versions start at 0")
-_count = _non_negative("a whole number", "must be >= 0")
+_version = _at_least(0, "a version number (0, 1, 2, ...)", "versions start at 0")
+_count = _at_least(0, "a whole number", "must be >= 0")
+_attempts = _at_least(1, "a whole number", "at least one attempt")
 
 
 def _device_id(text: str) -> str:
@@ -692,7 +938,11 @@ def add_ops_parsers(sub: Any) -> None:
     show.add_argument("--limit", type=_count, default=20, help="rows to print (default: 20); the count is of all")
     show.add_argument("--json", action="store_true", help="machine-readable output")
 
-    restore = sub.add_parser("restore", help="RESTORE a table to an earlier version (asks first; recorded in history)")
+    restore = sub.add_parser(
+        "restore",
+        help="RESTORE a table to an earlier version (asks first, and warns when that undoes a delete-device purge; "
+        "recorded in history)",
+    )
     restore.add_argument("table", help=table_help)
     restore.add_argument("--version", type=_version, required=True, help="the version to restore")
     restore.add_argument("--yes", action="store_true", help="don't ask (required when stdin is not a terminal)")
@@ -708,8 +958,21 @@ def add_ops_parsers(sub: Any) -> None:
     purge = sub.add_parser(
         "delete-device", help="purge one device from every table (row-level DELETE) and say what VACUUM must do"
     )
-    purge.add_argument("device_id", type=_device_id, metavar="DEVICE_ID", help="the device to delete")
+    purge.add_argument(
+        "device_id",
+        type=_device_id,
+        metavar="DEVICE_ID",
+        help="the device to delete: rows with this device_id; in quarantine, messages keyed by it or whose JSON "
+        "payload names it as device_id",
+    )
     purge.add_argument("--yes", action="store_true", help="don't ask (required when stdin is not a terminal)")
+    purge.add_argument(
+        "--attempts",
+        type=_attempts,
+        default=DELETE_ATTEMPTS,
+        help=f"tries per table when the stream's commits win the race (default: {DELETE_ATTEMPTS}, backing off "
+        "0.5 s doubling to 8 s)",
+    )
     purge.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -744,30 +1007,38 @@ def _show_command(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_unattended(args: argparse.Namespace, what: str) -> None:
+def _refuse_unattended(args: argparse.Namespace, what: str, warning: str = "") -> None:
     if not args.yes and not sys.stdin.isatty():
         raise ConfirmationRequiredError(
-            f"{what} changes the lake and stdin is not a terminal, so there is no one to ask. Add --yes to confirm."
+            f"{what} changes the lake and stdin is not a terminal, so there is no one to ask. "
+            f"{warning + ' ' if warning else ''}Add --yes to confirm."
         )
 
 
 def _restore_command(settings: Settings, args: argparse.Namespace) -> int:
     table = resolve_table(settings, args.table)
     what = f"`iotlake restore {table.name} --version {args.version}`"
-    _refuse_unattended(args, what)
-    check_writers_safe(settings, "ops")  # before the Spark session starts: refuse in a second, not after 15
+    # Before the Spark session starts: refuse in a second, not after 15. The log is read with delta-rs.
+    check_writers_safe(settings, "ops")
+    latest, purges = purges_after(settings, table, args.version)
+    check_version(table, args.version, latest)
+    warning = purge_warning(table.name, args.version, purges) if purges else ""
+    _refuse_unattended(args, what, warning)
     ops = _table_ops(settings)
     if not args.yes:
         latest, _ = ops.latest_version(table)
         ops._check_version(table, args.version, latest)
         question = (
+            f"{warning + chr(10) if warning else ''}"
             f"Restore {table.name} from version {latest} ({ops.count_at(table.name, latest)} rows) to version "
             f"{args.version} ({ops.count_at(table.name, args.version)} rows)? This commits a new version."
         )
         if not confirm(question, assume_yes=False, stdin=sys.stdin, stdout=sys.stdout, refusal=what):
             print("restore cancelled; nothing changed")
             return 1
-    result = ops.restore(table.name, args.version)
+    elif warning:
+        print(f"iotlake: warning: {warning}", file=sys.stderr)
+    result = replace(ops.restore(table.name, args.version), purges_undone=purges)
     if args.json:
         _print_json(asdict(result))
     else:
@@ -794,7 +1065,7 @@ def _delete_device_command(settings: Settings, args: argparse.Namespace) -> int:
     if not confirm(question, assume_yes=args.yes, stdin=sys.stdin, stdout=sys.stdout, refusal=what):
         print("delete-device cancelled; nothing changed")
         return 1
-    report = _table_ops(settings).delete_device(args.device_id)
+    report = _table_ops(settings).delete_device(args.device_id, attempts=args.attempts)
     if args.json:
         _print_json(report.as_dict())
     else:

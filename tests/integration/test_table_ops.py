@@ -11,6 +11,7 @@ import io
 import json
 import os
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -21,13 +22,14 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from confluent_kafka import Producer
 
 from stack import ensure_topic
 from streaming.cli import main as iotlake_main
 from streaming.config import Settings, load_settings
 from streaming.preflight import minio_client
 from streaming.session import build_session
-from tests.integration.lake import explain, read_table, run_ingest, simulate
+from tests.integration.lake import explain, read_table, reader_options, run_ingest, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -202,14 +204,28 @@ def _commit_actions(settings: Settings, table: str, version: int, kind: str) -> 
     return [a[kind] for a in map(json.loads, body.decode().splitlines()) if kind in a]
 
 
+def payload_device(value_text: str | None) -> Any:
+    """The top-level device_id of a quarantined JSON payload (None when it isn't a JSON object)."""
+    try:
+        data = json.loads(value_text or "")
+    except ValueError:
+        return None
+    return data.get("device_id") if isinstance(data, dict) else None
+
+
+def of_device(row: dict[str, Any], device: str) -> bool:
+    """A quarantine row of the device: its Kafka key, or its payload's device_id."""
+    return row["raw_key"] == device.encode() or payload_device(row["value_text"]) == device
+
+
 def test_delete_device_purges_every_table_and_reports_what_vacuum_needs(lake: Lake) -> None:
-    quarantined = Counter(q["raw_key"] for q in read_table(lake.settings, "quarantine", lake.secrets))
-    key, in_quarantine = quarantined.most_common(1)[0]
+    quarantine = read_table(lake.settings, "quarantine", lake.secrets)
+    key, _ = Counter(q["raw_key"] for q in quarantine).most_common(1)[0]
     device = key.decode()
     before = {
         "readings": sum(r["device_id"] == device for r in read_table(lake.settings, "readings", lake.secrets)),
         "device_state": sum(r["device_id"] == device for r in read_table(lake.settings, "device_state", lake.secrets)),
-        "quarantine": in_quarantine,
+        "quarantine": sum(of_device(q, device) for q in quarantine),
     }
     assert before["readings"] > 0 and before["device_state"] == 1 and before["quarantine"] > 0
 
@@ -217,12 +233,18 @@ def test_delete_device_purges_every_table_and_reports_what_vacuum_needs(lake: La
     tables = {t["table"]: t for t in report["tables"]}
     assert {name: t["rows_deleted"] for name, t in tables.items()} == before
     assert report["rows_deleted"] == sum(before.values())
-    assert tables["quarantine"]["matched_on"] == "raw_key" and tables["readings"]["matched_on"] == "device_id"
+    assert tables["quarantine"]["matched_on"] == "raw_key or value_text $.device_id"
+    assert tables["readings"]["matched_on"] == "device_id"
+    # No other writer: no conflict to retry, nothing of the device left behind.
+    assert report["retries"] == 0 and all(t["retries"] == 0 and t["rows_remaining"] == 0 for t in tables.values())
+    # readings is partitioned by event_date: the DELETE read only the device's dates (all of them here).
+    assert tables["readings"]["partitions"] is not None and tables["readings"]["partitions"] >= 1
+    assert tables["device_state"]["partitions"] is None  # unpartitioned: the whole (small) table
 
     # Gone from every table's current version.
     assert not any(r["device_id"] == device for r in read_table(lake.settings, "readings", lake.secrets))
     assert not any(r["device_id"] == device for r in read_table(lake.settings, "device_state", lake.secrets))
-    assert not any(q["raw_key"] == key for q in read_table(lake.settings, "quarantine", lake.secrets))
+    assert not any(of_device(q, device) for q in read_table(lake.settings, "quarantine", lake.secrets))
 
     # The report's files and bytes are those of the DELETE commit, and VACUUM's horizon is 7 days later.
     for name, t in tables.items():
@@ -240,6 +262,87 @@ def test_delete_device_purges_every_table_and_reports_what_vacuum_needs(lake: La
     # Deleting it again finds nothing and commits nothing.
     again = iotlake_json(lake.env, "delete-device", device, "--yes")
     assert again["rows_deleted"] == 0 and all(t["commit_version"] is None for t in again["tables"])
+
+
+def devices_at(lake: Lake, table: str, version: int | None = None) -> set[str]:
+    from deltalake import DeltaTable
+
+    from streaming.status import delta_rs_uri
+
+    uri = delta_rs_uri(lake.settings.storage.table_uri(table))
+    delta = DeltaTable(uri, version=version, storage_options=reader_options(lake.settings, lake.secrets))
+    return set(delta.to_pyarrow_table(columns=["device_id"]).column("device_id").to_pylist())
+
+
+def test_restore_to_before_a_purge_names_the_device_and_needs_yes(lake: Lake) -> None:
+    entries = iotlake_json(lake.env, "history", "readings", "--limit", "0")
+    purge = next(e for e in entries if e["operation"] == "DELETE")
+    before = purge["version"] - 1
+    (device,) = devices_at(lake, "readings", before) - devices_at(lake, "readings", purge["version"])
+
+    code, out, err = iotlake(lake.env, "restore", "readings", "--version", str(before))
+    assert code == 2, (out, err)
+    assert f"'{device}'" in err and f"version {purge['version']}" in err and "delete-device" in err, err
+    assert "Add --yes" in err and "Traceback" not in err
+    assert iotlake_json(lake.env, "history", "readings", "--limit", "1")[0]["version"] == entries[0]["version"]
+
+    code, out, err = iotlake(lake.env, "restore", "readings", "--version", str(before), "--yes", "--json")
+    assert code == 0, (out, err)
+    assert f"'{device}'" in err and "brings back" in err  # --yes doesn't ask, but still warns
+    result = json.loads(out)
+    assert [(p["device_id"], p["version"]) for p in result["purges_undone"]] == [(device, purge["version"])]
+    assert device in devices_at(lake, "readings")  # the warning was true: the device is back
+
+
+def test_delete_device_matches_the_payloads_device_id_in_quarantine(lake: Lake) -> None:
+    """A quarantined message of the device is purged whether the device is in its key or in its payload."""
+    quarantine = read_table(lake.settings, "quarantine", lake.secrets)
+    key, _ = Counter(q["raw_key"] for q in quarantine).most_common(1)[0]
+    device, other = key.decode(), "dev-not-purged"
+    tag = uuid.uuid4().hex[:8]
+
+    def too_hot(device_id: str, n: int) -> bytes:  # quarantined by out_of_range:air_temperature_c
+        event = {
+            "schema_version": 1,
+            "event_id": f"crafted-{tag}-{n}",
+            "device_id": device_id,
+            "parcel_id": "parcel-001",
+            "seq": 1,
+            "event_time": int(time.time() * 1000),
+            "air_temperature_c": 500.0,
+            "air_humidity_pct": 50.0,
+            "soil_nitrogen_mg_kg": 10.0,
+            "soil_salinity_ds_m": 1.0,
+            "battery_v": 3.9,
+        }
+        return json.dumps(event).encode()
+
+    crafted = {
+        "payload of the device, another key": (b"relay-7", too_hot(device, 1), True),
+        "payload of the device, no key": (None, too_hot(device, 2), True),
+        "key of the device, another device's payload": (key, too_hot(other, 3), True),
+        "another key and device": (b"relay-7", too_hot(other, 4), False),
+        "not JSON, mentions the device": (b"relay-7", f'{{"device_id": "{device}"'.encode(), False),
+    }
+    producer = Producer({"bootstrap.servers": lake.settings.kafka.bootstrap_servers, "enable.idempotence": True})
+    for message_key, value, _ in crafted.values():
+        producer.produce(lake.settings.kafka.topic, key=message_key, value=value)
+    assert producer.flush(30) == 0
+    result = run_ingest(lake.env)
+    assert result.returncode == 0, explain(result)
+
+    quarantine = read_table(lake.settings, "quarantine", lake.secrets)
+    by_value = {q["raw_value"]: q for q in quarantine}
+    assert all(value in by_value for _, value, _ in crafted.values()), "a crafted message was not quarantined"
+    expected = [q for q in quarantine if of_device(q, device)]
+
+    report = iotlake_json(lake.env, "delete-device", device, "--yes")
+    tables = {t["table"]: t for t in report["tables"]}
+    assert tables["quarantine"]["rows_deleted"] == len(expected)
+    left = {q["raw_value"] for q in read_table(lake.settings, "quarantine", lake.secrets)}
+    for what, (_, value, purged) in crafted.items():
+        assert (value not in left) is purged, what
+    assert not any(of_device(q, device) for q in read_table(lake.settings, "quarantine", lake.secrets))
 
 
 def test_delete_device_of_an_unknown_device_changes_nothing(lake: Lake) -> None:

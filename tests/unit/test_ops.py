@@ -24,16 +24,23 @@ from streaming.ops import (
     DeleteReport,
     DeviceDeletion,
     HistoryEntry,
+    Purge,
+    RestoreResult,
     ShowResult,
     _delta_errors,
+    commit_tag,
     confirm,
     format_delete_report,
     format_history,
+    format_restore,
     format_show,
     jsonable,
     key_metrics,
     lake_tables,
+    parse_tag,
     parse_timestamp,
+    purge_warning,
+    purges_in,
     resolve_table,
     text_table,
     vacuum_eligible_at,
@@ -131,6 +138,11 @@ def test_delta_errors_become_iotlake_errors_naming_the_fix() -> None:
         raise RuntimeError("[DELTA_CONCURRENT_APPEND] Files were added to partition ...")
     with pytest.raises(StorageError, match=r"readings: Delta failed: .*iotlake status"), _delta_errors(table):
         raise RuntimeError("java.nio.file.AccessDeniedException: s3a://iotlake/lake/readings")
+    # An error already explained passes through as it is, even when it quotes Delta's conflict.
+    explained = ConcurrentWriteError("device_state: lost 8 times ([DELTA_CONCURRENT_APPEND] ...). Already purged: x")
+    with pytest.raises(ConcurrentWriteError) as passed, _delta_errors(table):
+        raise explained
+    assert passed.value is explained
 
 
 def test_formatting_for_people() -> None:
@@ -154,6 +166,60 @@ def test_formatting_for_people() -> None:
     assert text.startswith("deleted device 'd1': 7 row(s)")
     assert "VACUUM after 2026-12-07T14:00:00+00:00" in text
     assert report.as_dict()["rows_deleted"] == 7
+    assert "retries" in text.splitlines()[1] and "arrived" not in text
+
+    # Conflicts retried and rows that came in beside the purge are both reported.
+    busy = DeleteReport(
+        "d1",
+        [
+            DeviceDeletion("readings", "device_id", 7, 12, "t", 3, 4096, retries=2, rows_remaining=3),
+            DeviceDeletion("device_state", "device_id", 1, 5, "t", 1, 100, retries=1),
+        ],
+    )
+    assert busy.retries == 3 and busy.as_dict()["retries"] == 3 and busy.rows_remaining == 3
+    text = format_delete_report(busy)
+    assert "after 3 retried conflict(s) with other writers" in text
+    assert "3 row(s) of device 'd1' arrived while or after it was purged (readings: 3)" in text
+    assert "run `iotlake delete-device d1 --yes` again" in text
+
+    restored = RestoreResult("readings", 4, 9, 10, 100, {}, [Purge(8, "dev-7", None), Purge(6, None, None)])
+    assert format_restore(restored).endswith("; purged device(s) back in the table: 'dev-7', an unnamed device")
+
+
+def test_commit_tags_carry_the_operation_and_its_details() -> None:
+    tag = commit_tag("delete-device", device_id="dev 7 'x'")
+    assert tag.startswith("iotlake delete-device ")
+    assert parse_tag(tag) == ("delete-device", {"device_id": "dev 7 'x'"})
+    assert commit_tag("restore") != commit_tag("restore")  # unique per commit
+    assert parse_tag(commit_tag("restore")) == ("restore", {})
+    assert parse_tag("iotlake delete-device 0123abcd") == ("delete-device", {})  # tags before devices were named
+    assert parse_tag("iotlake delete-device 0123abcd {not json") == ("delete-device", {})
+    for other in (None, "", "nightly backfill", "iotlake"):
+        assert parse_tag(other) is None
+
+
+def test_purges_are_the_delete_device_commits() -> None:
+    def commit(version: int, operation: str, user_metadata: str | None = None) -> dict[str, object]:
+        entry = {"version": version, "timestamp": 1_796_000_000_000 + (version - 5) * 50_000, "operation": operation}
+        return entry if user_metadata is None else {**entry, "userMetadata": user_metadata}
+
+    commits = [
+        commit(9, "MERGE"),
+        commit(8, "DELETE", commit_tag("delete-device", device_id="dev-7")),
+        commit(7, "RESTORE", commit_tag("restore")),
+        commit(6, "DELETE", "iotlake delete-device 0123abcd"),  # tagged before the device was recorded
+        commit(5, "DELETE"),  # not ours: someone's own DELETE
+    ]
+    purges = purges_in(commits)
+    assert purges == [
+        Purge(6, None, "2026-11-30T00:54:10.000+00:00"),
+        Purge(8, "dev-7", "2026-11-30T00:55:50.000+00:00"),
+    ]
+    warning = purge_warning("readings", 4, purges)
+    assert warning.startswith("Restoring readings to version 4 brings back rows that `iotlake delete-device` purged")
+    assert "'dev-7' (purged at version 8, 2026-11-30T00:55:50.000+00:00)" in warning
+    assert "a device not recorded in the commit (purged at version 6" in warning
+    assert "iotlake delete-device dev-7 --yes" in warning
 
 
 def test_flags() -> None:
@@ -164,6 +230,8 @@ def test_flags() -> None:
     assert (args.from_version, args.to_version, args.limit) == (3, None, 50)
     assert parser.parse_args(["history", "readings"]).limit == 20
     assert parser.parse_args(["delete-device", "d1", "--yes"]).yes is True
+    assert parser.parse_args(["delete-device", "d1"]).attempts == 8
+    assert parser.parse_args(["delete-device", "d1", "--attempts", "20"]).attempts == 20
 
 
 @pytest.mark.parametrize(
@@ -175,6 +243,7 @@ def test_flags() -> None:
         (["restore", "readings"], "the following arguments are required: --version"),
         (["changes", "readings", "--from-version", "one"], "'one' is not a version number"),
         (["delete-device", " "], "the device id is empty"),
+        (["delete-device", "d1", "--attempts", "0"], "at least one attempt"),
     ],
 )
 def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -188,6 +257,8 @@ def test_errors_found_before_spark_exit_2_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO())
+    monkeypatch.setattr("streaming.ops.purges_after", lambda settings, table, version: (5, []))
+    monkeypatch.setattr("streaming.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
     assert main(["history", "sensors"]) == 2
     assert capsys.readouterr().err.startswith("iotlake: error: Unknown table 'sensors'.")
     assert main(["show", "readings", "--timestamp", "soon"]) == 2
@@ -197,6 +268,21 @@ def test_errors_found_before_spark_exit_2_without_a_traceback(
     assert "stdin is not a terminal" in err and "Add --yes" in err and "Traceback" not in err
     assert main(["delete-device", "d1"]) == 2
     assert "Add --yes" in capsys.readouterr().err
+    assert main(["restore", "readings", "--version", "6"]) == 2
+    assert "readings has no version 6: its newest version is 5" in capsys.readouterr().err
+
+
+def test_restore_across_a_purge_is_refused_unattended_naming_the_device(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO())
+    purges = [Purge(8, "dev-7", "2026-11-30T00:55:50.000+00:00")]
+    monkeypatch.setattr("streaming.ops.purges_after", lambda settings, table, version: (9, purges))
+    monkeypatch.setattr("streaming.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
+    assert main(["restore", "readings", "--version", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "stdin is not a terminal" in err and "Add --yes" in err and "Traceback" not in err
+    assert "'dev-7' (purged at version 8" in err
 
 
 def test_writes_are_refused_before_spark_when_the_log_store_is_single_driver(
