@@ -1,0 +1,85 @@
+"""The checkpoint guards: an older copy of the checkpoint, and a second job on the same one, are refused.
+
+Either would plan batches the tables already hold with new Kafka offsets; Delta skips those batch ids as
+committed, so their messages would be lost without a word.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from streaming.config import Settings
+from tests.helpers import wait_for
+from tests.integration.lake import (
+    assert_tables_match,
+    explain,
+    run_ingest,
+    simulate,
+    start_ingest,
+    stop_job,
+    table_version,
+)
+from tests.integration.test_pipeline import FAULTS
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TABLES = ("readings", "device_state", "quarantine")
+
+
+def test_an_older_copy_of_the_checkpoint_is_refused_and_nothing_is_written(
+    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+) -> None:
+    summary = simulate(settings, tmp_path, *FAULTS, count=6_000)
+    env = {**test_env, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "1500"}  # batches 0..4
+    checkpoint = Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"])
+    # Batches 0 and 1 committed, batch 2 in the tables and planned (offsets/2) but not committed.
+    crashed = run_ingest({**env, "IOTLAKE_TEST_CRASH": "after_batch:2"})
+    assert crashed.returncode == -signal.SIGKILL, explain(crashed)
+    backup = tmp_path / "checkpoint-backup"
+    shutil.copytree(checkpoint, backup)
+    finished = run_ingest(env)
+    assert finished.returncode == 0, explain(finished)
+    assert_tables_match(settings, stack_secrets, summary)
+    versions = {t: table_version(settings, t, stack_secrets) for t in TABLES}
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    assert last >= 3
+
+    shutil.rmtree(checkpoint)
+    shutil.copytree(backup, checkpoint)  # "restore last night's backup"
+    restored = run_ingest(env)
+    assert restored.returncode == 2, explain(restored)
+    for needle in ("older than the tables", "its newest batch is batch 2", f"readings holds batch {last}"):
+        assert needle in restored.stderr, explain(restored)
+    assert {t: table_version(settings, t, stack_secrets) for t in TABLES} == versions, "a refused start wrote"
+    assert sorted(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()) == [0, 1, 2]
+
+
+def test_a_second_job_on_the_same_checkpoint_is_refused(
+    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+) -> None:
+    summary = simulate(settings, tmp_path, *FAULTS, count=3_000)
+    env = {**test_env, "IOTLAKE_INGEST__TRIGGER_INTERVAL": "1 second"}
+    checkpoint = Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"])
+    log = tmp_path / "first.log"
+    first = start_ingest(env, log)
+    try:
+        wait_for(
+            lambda: first.poll() is not None or (checkpoint / "commits" / "0").exists(),
+            300,
+            interval=0.5,
+            message="the first job's first batch",
+        )
+        assert first.poll() is None, log.read_text()[-3000:]
+        second = run_ingest(env)
+        assert second.returncode == 2, explain(second)
+        assert "Another job is running on the checkpoint" in second.stderr, explain(second)
+        assert f"pid {first.pid}" in second.stderr, explain(second)
+        assert first.poll() is None, "the refused job must not disturb the running one"
+    finally:
+        code = stop_job(first)
+    assert code == 0, log.read_text()[-3000:]
+    assert_tables_match(settings, stack_secrets, summary)
