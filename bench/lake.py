@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 
 from bench.stats import Commit, parse_commit
 from streaming.config import Settings
+from streaming.delta_rs import delta_rs_uri, delta_storage_options
 from streaming.preflight import minio_client
-from streaming.status import delta_rs_uri, delta_storage_options
 
 
 def table_prefix(settings: Settings, table: str) -> str:

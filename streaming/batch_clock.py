@@ -11,60 +11,44 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
-from py4j.protocol import Py4JJavaError
-from pyspark.sql import SparkSession
+from streaming.hadoop_fs import HadoopFiles
 
 CLOCK_DIR = "iotlake/clock"
 RETAINED = 200  # Spark keeps 100 batches of offsets; a replay never goes back further than that
+PRUNE_EVERY = 50  # batches between two clean-ups of records older than RETAINED
 
 
 class BatchClocks:
     """`<checkpoint>/iotlake/clock/<batch id>` holds the batch's clock in epoch milliseconds (local or s3a://)."""
 
-    def __init__(self, spark: SparkSession, checkpoint: str, now: Callable[[], datetime]) -> None:
-        jvm: Any = spark._jvm
-        jsc: Any = spark._jsc
-        self._jvm = jvm
-        self._dir = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/{CLOCK_DIR}")
-        self._fs = self._dir.getFileSystem(jsc.hadoopConfiguration())
+    def __init__(self, files: HadoopFiles, now: Callable[[], datetime]) -> None:
+        self._files = files
         self._now = now
-
-    def _path(self, batch_id: int) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(self._dir, str(batch_id))
+        self._last: int | None = None  # the newest batch this process recorded: a newer one can't have a record
 
     def recorded(self, batch_id: int) -> datetime | None:
         """The clock the batch ran with before, or None (never ran, or killed while recording it)."""
-        path = self._path(batch_id)
-        if not self._fs.exists(path):
-            return None
+        text = self._files.read_text(f"{CLOCK_DIR}/{batch_id}")
         try:
-            stream = self._fs.open(path)
-            try:
-                text = self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-            finally:
-                stream.close()
-        except Py4JJavaError as e:
-            if "ChecksumException" in str(e.java_exception):  # a local record cut short by a kill
-                return None
-            raise
-        try:
-            return datetime.fromtimestamp(int(json.loads(text)["now_ms"]) / 1000, UTC)
+            return datetime.fromtimestamp(int(json.loads(text or "")["now_ms"]) / 1000, UTC)
         except (ValueError, KeyError, TypeError):
             return None
 
     def for_batch(self, batch_id: int) -> datetime:
         """The recorded clock of a replayed batch; for a new batch, now, recorded before anything is decided."""
-        recorded = self.recorded(batch_id)
-        if recorded is not None:
-            return recorded
+        if self._last is None or batch_id <= self._last:  # the first batch after a start may be a replay
+            recorded = self.recorded(batch_id)
+            if recorded is not None:
+                self._last = batch_id
+                return recorded
         now = self._now()
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)  # what the record can hold
-        out = self._fs.create(self._path(batch_id), True)  # overwrites only a record cut short by a kill
-        try:
-            out.write(json.dumps({"now_ms": round(now.timestamp() * 1000)}).encode())
-        finally:
-            out.close()
-        self._fs.delete(self._path(batch_id - RETAINED), False)
+        # Overwrites only a record cut short by a kill.
+        self._files.write_text(f"{CLOCK_DIR}/{batch_id}", json.dumps({"now_ms": round(now.timestamp() * 1000)}))
+        if batch_id % PRUNE_EVERY == 0:
+            for name in self._files.names(CLOCK_DIR):
+                if name.isdigit() and int(name) <= batch_id - RETAINED:
+                    self._files.delete(f"{CLOCK_DIR}/{name}")
+        self._last = batch_id
         return now

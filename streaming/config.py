@@ -144,6 +144,17 @@ class IngestConfig:
     exactly_once: bool = True
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
+    checkpoint_lease_ttl: str = "60 seconds"  # an s3a:// checkpoint's lock: a dead job's lease expires after this
+
+    @property
+    def checkpoint_uri(self) -> str:
+        """The checkpoint as Spark and Hadoop take it: a URI as given, a local path resolved from the project root."""
+        location = self.checkpoint_location
+        return location if "://" in location else str(resolve_path(location))
+
+    @property
+    def checkpoint_lease_ttl_s(self) -> float:
+        return parse_duration(self.checkpoint_lease_ttl, "ingest.checkpoint_lease_ttl")
 
 
 @dataclass(frozen=True)
@@ -532,6 +543,11 @@ def _validate(s: Settings) -> None:
             "is safe with two writer processes; single_driver only with one."
         )
     parse_duration(s.ingest.trigger_interval, "ingest.trigger_interval")
+    if s.ingest.checkpoint_lease_ttl_s < 10:
+        raise ConfigError(
+            f"ingest.checkpoint_lease_ttl must be at least 10 seconds (renewed every third of it), "
+            f"got {s.ingest.checkpoint_lease_ttl!r}."
+        )
     for key in ("log_retention", "deleted_file_retention"):
         parse_duration(getattr(s.tables, key), f"tables.{key}")
     if not 0 <= s.ingest.metrics_port <= 65535:

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
@@ -24,9 +24,12 @@ from pyspark.storagelevel import StorageLevel
 
 from streaming import batch
 from streaming.batch_clock import BatchClocks
-from streaming.config import Settings, parse_duration, resolve_path
+from streaming.checkpoint import CheckpointLock, check_not_older, read_state, txn_versions
+from streaming.config import Settings, parse_duration
+from streaming.delta_rs import delta_storage_options
 from streaming.errors import CheckpointError, CredentialsError, IotLakeError, ValidationFailure
 from streaming.faults import Faults
+from streaming.hadoop_fs import HadoopFiles
 from streaming.logstore import check_writers_safe
 from streaming.metrics import IngestMetrics
 from streaming.preflight import check_kafka, check_storage
@@ -37,6 +40,7 @@ from streaming.tables import LakeTables, Txn, retry_on_conflict
 log = logging.getLogger("iotlake.ingest")
 T = TypeVar("T")
 QUERY_NAME = "iotlake_ingest"
+IDENTITY_FILE = "iotlake.json"  # in the checkpoint: the topic and base_uri it belongs to
 
 
 @dataclass(frozen=True)
@@ -53,11 +57,6 @@ class BatchReport:
     steps: dict[str, float]  # wall seconds of validate (incl. Kafka read and stats), each write
 
 
-def checkpoint_location(settings: Settings) -> str:
-    location = settings.ingest.checkpoint_location
-    return location if "://" in location else str(resolve_path(location))
-
-
 class BatchWriter:
     """The foreachBatch body: validate, split, then MERGE/append each table under its transaction id."""
 
@@ -68,19 +67,22 @@ class BatchWriter:
         tables: LakeTables,
         metrics: IngestMetrics,
         faults: Faults | None = None,
+        check_lock: Callable[[], None] = lambda: None,
     ) -> None:
         self.spark = spark
+        self.check_lock = check_lock
         self.settings = settings
         self.tables = tables
         self.metrics = metrics
         self.faults = faults or Faults()
-        self.clocks = BatchClocks(spark, checkpoint_location(settings), self.faults.now)
+        self.clocks = BatchClocks(HadoopFiles(spark, settings.ingest.checkpoint_uri), self.faults.now)
         self.rules = Rules.from_settings(settings, tables.evolved_columns())
         self.reports: list[BatchReport] = []
         self.newest_event = 0.0
 
     def __call__(self, raw: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        self.check_lock()  # a job that lost its checkpoint lease writes nothing more
         query_id = self._query_id()
         info = batch.BatchInfo(batch_id, self.clocks.for_batch(batch_id))
         steps: dict[str, float] = {}
@@ -279,39 +281,37 @@ def kafka_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     return reader.load()
 
 
-def claim_checkpoint(spark: SparkSession, settings: Settings) -> None:
+def claim_checkpoint(files: HadoopFiles, settings: Settings) -> None:
     """Record what the checkpoint belongs to on first use; refuse a checkpoint of a different query.
 
     Spark would replay another topic's offsets into these tables, or these offsets into other tables.
     """
-    location = checkpoint_location(settings)
     identity = {"topic": settings.kafka.topic, "base_uri": settings.storage.base_uri}
-    jvm: Any = spark._jvm
-    path = jvm.org.apache.hadoop.fs.Path(f"{location.rstrip('/')}/iotlake.json")
-    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
-    if fs.exists(path):
-        stream = fs.open(path)
-        try:
-            recorded = json.loads(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-        finally:
-            stream.close()
-        if recorded != identity:
-            raise CheckpointError(
-                f"The checkpoint at {location} belongs to a different query: it was made for {recorded}, "
-                f"this run is for {identity}. Point ingest.checkpoint_location at a new folder (the stream then "
-                "starts from kafka.starting_offsets), or restore the topic and base_uri it was made for."
-            )
+    text = files.read_text(IDENTITY_FILE)
+    if text is None:
+        files.write_text(IDENTITY_FILE, json.dumps(identity))
         return
-    out = fs.create(path, False)
-    try:
-        out.write(json.dumps(identity).encode())
-    finally:
-        out.close()
+    recorded = json.loads(text)
+    if recorded != identity:
+        raise CheckpointError(
+            f"The checkpoint at {files.directory} belongs to a different query: it was made for {recorded}, "
+            f"this run is for {identity}. Point ingest.checkpoint_location at a new folder (the stream then "
+            "starts from kafka.starting_offsets), or restore the topic and base_uri it was made for."
+        )
+
+
+def guard_checkpoint(spark: SparkSession, settings: Settings, files: HadoopFiles) -> None:
+    """Refuse a checkpoint older than the tables (streaming.checkpoint), before anything is written."""
+    state = read_state(files)
+    if state.query_id is None:
+        return  # a new checkpoint: a new query id, which no table has seen
+    versions = txn_versions(settings.storage.table_uri, delta_storage_options(settings), state.query_id)
+    check_not_older(state, versions, files.directory)
 
 
 def start_query(spark: SparkSession, settings: Settings, writer: BatchWriter, available_now: bool) -> StreamingQuery:
     stream = kafka_stream(spark, settings).writeStream.foreachBatch(writer)
-    stream = stream.queryName(QUERY_NAME).option("checkpointLocation", checkpoint_location(settings))
+    stream = stream.queryName(QUERY_NAME).option("checkpointLocation", settings.ingest.checkpoint_uri)
     if available_now:
         stream = stream.trigger(availableNow=True)
     else:
@@ -335,17 +335,21 @@ def run(
     spark = build_session(settings)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    files = HadoopFiles(spark, settings.ingest.checkpoint_uri)
+    lock = CheckpointLock(files, settings.ingest.checkpoint_lease_ttl_s)
     try:
+        lock.acquire()
+        claim_checkpoint(files, settings)
+        guard_checkpoint(spark, settings, files)
         tables = LakeTables(spark, settings)
         tables.ensure(on_created=lambda name: faults.crash_if("after_create", name))
-        claim_checkpoint(spark, settings)
-        writer = BatchWriter(spark, settings, tables, metrics, faults)
+        writer = BatchWriter(spark, settings, tables, metrics, faults, lock.check)
         spark.streams.addListener(_ProgressListener(metrics))
         try:
             query = start_query(spark, settings, writer, available_now)
         except Exception as e:
             raise _explain(e, settings) from e
-        log.info("streaming query %s started (checkpoint %s)", query.id, checkpoint_location(settings))
+        log.info("streaming query %s started (checkpoint %s)", query.id, settings.ingest.checkpoint_uri)
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
         if query.isActive:
@@ -359,6 +363,7 @@ def run(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         metrics.up.set(0)
+        lock.release()
         spark.stop()
 
 
@@ -380,5 +385,5 @@ def _explain(error: BaseException, settings: Settings) -> IotLakeError:
         )
     return IotLakeError(
         f"The streaming query failed: {text.splitlines()[0][:2000]} "
-        f"(checkpoint {checkpoint_location(settings)}; the full log is above)."
+        f"(checkpoint {settings.ingest.checkpoint_uri}; the full log is above)."
     )

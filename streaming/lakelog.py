@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 
 from streaming.config import Settings
+from streaming.delta_rs import delta_rs_uri, delta_storage_options
 from streaming.health import UNPARTITIONED, Commit, DataFile, StoredObject
 from streaming.preflight import minio_client
-from streaming.status import delta_rs_uri, delta_storage_options
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from streaming.health import (
     table_health,
     vacuum_due,
 )
-from streaming.ingest import checkpoint_location
 from streaming.lakelog import list_objects, read_table
 from streaming.metrics import MaintenanceMetrics
 from streaming.status import stream_progress
@@ -149,7 +148,7 @@ def check_vacuum(settings: Settings, table: str, retention_s: float | None) -> f
             "guard can't tell whether the stream is behind. If the stream runs, point this setting at its "
             "checkpoint.",
             table,
-            checkpoint_location(settings),
+            settings.ingest.checkpoint_uri,
         )
     check_vacuum_retention(table, retention, table_retention_s(settings), progress)
     return retention

@@ -798,7 +798,7 @@ def purges_after(settings: Settings, table: LakeTable, version: int) -> tuple[in
     from deltalake import DeltaTable as RsTable
     from deltalake.exceptions import TableNotFoundError as RsTableNotFound
 
-    from streaming.status import delta_rs_uri, delta_storage_options
+    from streaming.delta_rs import delta_rs_uri, delta_storage_options
 
     try:
         log = RsTable(delta_rs_uri(table.uri), storage_options=delta_storage_options(settings))

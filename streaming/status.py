@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 
 from streaming.config import Settings
+from streaming.delta_rs import delta_rs_uri, delta_storage_options
 from streaming.errors import ServiceUnreachableError
 from streaming.health import StreamProgress
-from streaming.ingest import checkpoint_location
 from streaming.preflight import (
     CHECK_TIMEOUT_S,
     SKIPPED,
@@ -51,25 +51,6 @@ class StreamStatus:
     @property
     def total_lag(self) -> int:
         return sum(self.lag.values())
-
-
-def delta_storage_options(settings: Settings, access_key: str | None = None, secret_key: str | None = None) -> dict:
-    """delta-rs (object_store) options for the configured S3 endpoint."""
-    s = settings.storage
-    if not s.is_s3:
-        return {}
-    return {
-        "AWS_ENDPOINT_URL": s.endpoint,
-        "AWS_REGION": s.region,
-        "AWS_ACCESS_KEY_ID": access_key or s.access_key or "",
-        "AWS_SECRET_ACCESS_KEY": secret_key or s.secret_key or "",
-        "AWS_ALLOW_HTTP": str(not s.ssl_enabled).lower(),
-        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": str(not s.path_style_access).lower(),
-    }
-
-
-def delta_rs_uri(uri: str) -> str:
-    return "s3://" + uri.removeprefix("s3a://") if uri.startswith("s3a://") else uri
 
 
 def table_status(settings: Settings, name: str) -> TableStatus:
@@ -122,7 +103,7 @@ def _checkpoint_files(settings: Settings, location: str) -> tuple[list[int], dic
 
 def stream_lag_s(settings: Settings, now: float | None = None) -> float | None:
     """Seconds since the stream committed its last batch (None: no checkpoint yet)."""
-    location = checkpoint_location(settings)
+    location = settings.ingest.checkpoint_uri
     stamps: list[float] = []
     if location.startswith("s3a://"):
         bucket, _, prefix = location.removeprefix("s3a://").partition("/")
@@ -187,7 +168,7 @@ def latest_offsets(settings: Settings) -> dict[int, int]:
 
 
 def stream_status(settings: Settings) -> StreamStatus:
-    location = checkpoint_location(settings)
+    location = settings.ingest.checkpoint_uri
     commits, texts = _checkpoint_files(settings, location)
     last = max(commits) if commits else None
     committed = committed_offsets(texts[last], settings.kafka.topic) if last is not None else {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from pyspark.sql import functions as F
 
 from streaming.batch import DEVICE_ORDER, READING_KEY
 from streaming.config import Settings, TableConfig
+from streaming.hadoop_fs import HadoopFiles
 from streaming.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
 from streaming.schema import Column as SchemaColumn
 
@@ -39,6 +41,9 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+# A commit (00000000000000000000.json) or a checkpoint (…checkpoint.parquet, …checkpoint.<n>.<m>.parquet,
+# the v2 …checkpoint.<uuid>.json) in _delta_log.
+COMMIT_FILE = re.compile(r"^\d{20}\.(json|checkpoint\b.*)$")
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,21 @@ def newer_than_target() -> Column:
     return newer
 
 
+def has_commit(log_names: Sequence[str]) -> bool:
+    """True when a `_delta_log` listing holds a commit or a checkpoint: the table exists."""
+    return any(COMMIT_FILE.match(name) or name == "_last_checkpoint" for name in log_names)
+
+
+def clear_uncommitted_log(table: HadoopFiles) -> bool:
+    """Remove a `_delta_log` that holds no commit (left by a kill during the table's creation); True if removed."""
+    names = table.names("_delta_log")
+    if not names or has_commit(names):
+        return False
+    log.warning("%s/_delta_log has no commit (%s): a creation cut short; removing it", table.directory, names)
+    table.delete("_delta_log", recursive=True)
+    return True
+
+
 class LakeTables:
     """readings, device_state and quarantine under storage.base_uri."""
 
@@ -135,8 +155,16 @@ class LakeTables:
         self.quarantine_uri = settings.storage.table_uri(tables.quarantine.name)
 
     def ensure(self, on_created: Callable[[str], None] = lambda name: None) -> None:
-        """Create missing tables with their columns, comments, partitioning and properties."""
+        """Create missing tables with their columns, comments, partitioning and properties.
+
+        Each table is created by one commit, so a kill between two tables leaves the earlier ones whole and the
+        next start creates the rest. A kill during a table's first commit can leave a log with no commit in it
+        (`_delta_log/_staged_commits/...`), which Delta reads as a table that is there and can't be opened:
+        such a log is removed first, the table never existed.
+        """
         t = self.settings.tables
+        for uri in (self.readings_uri, self.device_state_uri, self.quarantine_uri):
+            clear_uncommitted_log(HadoopFiles(self.spark, uri))
         self._create(self.readings_uri, READINGS_COLUMNS, t.readings, "One row per distinct reading")
         on_created(t.readings.name)
         self._create(self.device_state_uri, DEVICE_STATE_COLUMNS, t.device_state, "Newest reading per device")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -17,8 +20,8 @@ from producers.cli import main as sensor_sim
 from producers.faults import REASON_BY_KIND
 from stack import secrets as stack_secrets
 from streaming.config import Settings
+from streaming.delta_rs import delta_rs_uri, delta_storage_options
 from streaming.preflight import minio_client
-from streaming.status import delta_rs_uri, delta_storage_options
 
 
 def simulate(settings: Settings, out: Path, *flags: str, count: int = 20_000, seed: int = 7) -> dict[str, Any]:
@@ -65,6 +68,38 @@ def run_ingest(env: Mapping[str, str], *args: str, timeout: float = 900) -> subp
     )
 
 
+def start_ingest(env: Mapping[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """`iotlake ingest` in the background, in its own process group (its JVM joins it: stop_job reaches both)."""
+    with log.open("ab") as handle:
+        return subprocess.Popen(
+            [sys.executable, "-m", "streaming.cli", "ingest", *args],
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_job(job: subprocess.Popen[bytes], timeout: float = 120) -> int:
+    """SIGTERM the job (a clean stop), SIGKILL its whole group if it takes longer than `timeout`; its exit code."""
+    if job.poll() is None:
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+    return job.returncode
+
+
+def kill_job(job: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the job and its JVM at once, like a power cut."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGKILL)
+    job.wait(30)
+
+
 def reader_options(settings: Settings, secrets: Mapping[str, str]) -> dict[str, str]:
     """delta-rs options with the read-only key: what another engine would use."""
     return delta_storage_options(
@@ -76,6 +111,11 @@ def read_table(settings: Settings, name: str, secrets: Mapping[str, str]) -> lis
     uri = delta_rs_uri(settings.storage.table_uri(name))
     table = DeltaTable(uri, storage_options=reader_options(settings, secrets))
     return table.to_pyarrow_table().to_pylist()
+
+
+def table_version(settings: Settings, name: str, secrets: Mapping[str, str]) -> int:
+    uri = delta_rs_uri(settings.storage.table_uri(name))
+    return DeltaTable(uri, storage_options=reader_options(settings, secrets)).version()
 
 
 def delta_log_actions(settings: Settings, name: str, kind: str) -> list[dict[str, Any]]:

@@ -24,7 +24,8 @@ from deltalake import DeltaTable
 
 from stack import proc
 from streaming.config import Settings
-from streaming.status import committed_offsets, delta_rs_uri
+from streaming.delta_rs import delta_rs_uri
+from streaming.status import committed_offsets
 from tests.helpers import wait_for
 from tests.integration.lake import explain, reader_options, simulate
 

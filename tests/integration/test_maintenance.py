@@ -18,12 +18,12 @@ from pyspark.sql import functions as F
 
 from stack.addresses import free_port
 from streaming.config import Settings, load_settings
+from streaming.delta_rs import delta_rs_uri
 from streaming.errors import ConfigError
 from streaming.maintenance import Maintainer
 from streaming.metrics import MaintenanceMetrics, scrape
 from streaming.schema import READINGS_COLUMNS
 from streaming.session import build_session
-from streaming.status import delta_rs_uri
 from streaming.tables import LakeTables
 from tests.helpers import wait_for
 from tests.integration.lake import assert_tables_match, explain, read_table, reader_options, run_ingest, simulate

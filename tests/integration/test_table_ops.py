@@ -87,7 +87,7 @@ def lake(stack_env: dict[str, str], stack_secrets: dict[str, str], tmp_path_fact
         assert result.returncode == 0, explain(result)
         from deltalake import DeltaTable
 
-        from streaming.status import delta_rs_uri, delta_storage_options
+        from streaming.delta_rs import delta_rs_uri, delta_storage_options
 
         table = DeltaTable(
             delta_rs_uri(settings.storage.table_uri("readings")), storage_options=delta_storage_options(settings)
@@ -267,7 +267,7 @@ def test_delete_device_purges_every_table_and_reports_what_vacuum_needs(lake: La
 def devices_at(lake: Lake, table: str, version: int | None = None) -> set[str]:
     from deltalake import DeltaTable
 
-    from streaming.status import delta_rs_uri
+    from streaming.delta_rs import delta_rs_uri
 
     uri = delta_rs_uri(lake.settings.storage.table_uri(table))
     delta = DeltaTable(uri, version=version, storage_options=reader_options(lake.settings, lake.secrets))

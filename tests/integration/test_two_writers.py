@@ -27,9 +27,9 @@ from deltalake import DeltaTable
 
 from streaming import logstore
 from streaming.config import PROJECT_ROOT, Settings, load_settings, resolve_path
+from streaming.delta_rs import delta_rs_uri, delta_storage_options
 from streaming.preflight import minio_client
 from streaming.session import session_conf, storage_credentials
-from streaming.status import delta_rs_uri, delta_storage_options
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,9 +13,10 @@ from pyspark.sql import SparkSession
 
 from streaming import batch
 from streaming.batch import MAX_TIME_RANGES, time_ranges
-from streaming.batch_clock import BatchClocks
+from streaming.batch_clock import CLOCK_DIR, PRUNE_EVERY, RETAINED, BatchClocks
 from streaming.config import Settings
 from streaming.errors import CheckpointError
+from streaming.hadoop_fs import HadoopFiles
 from streaming.ingest import BatchWriter
 from streaming.metrics import IngestMetrics
 from streaming.rules import Rules
@@ -180,16 +181,26 @@ def test_quarantine_append_is_idempotent_per_transaction(spark: SparkSession, ta
 
 def test_a_batch_clock_is_recorded_once_and_read_back_on_replay(spark: SparkSession, tmp_path: Path) -> None:
     clock = [datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)]
-    clocks = BatchClocks(spark, str(tmp_path / "checkpoint"), lambda: clock[0])
-    first = clocks.for_batch(5)
+    files = HadoopFiles(spark, str(tmp_path / "checkpoint"))
+    first = BatchClocks(files, lambda: clock[0]).for_batch(5)
     assert first == datetime(2026, 11, 30, 12, 0, 0, 123000, tzinfo=UTC)
-    clock[0] = clock[0] + timedelta(days=8)  # the replay runs much later
-    assert clocks.for_batch(5) == first
-    assert clocks.for_batch(6) == datetime(2026, 12, 8, 12, 0, 0, 123000, tzinfo=UTC)
+    clock[0] = clock[0] + timedelta(days=8)  # the replay, by a restarted job, runs much later
+    restarted = BatchClocks(files, lambda: clock[0])
+    assert restarted.for_batch(5) == first
+    assert restarted.for_batch(6) == datetime(2026, 12, 8, 12, 0, 0, 123000, tzinfo=UTC)
     # A record cut short by a kill is written again, not trusted.
     (tmp_path / "checkpoint" / "iotlake" / "clock" / "7").write_text('{"now_')
-    assert clocks.recorded(7) is None
-    assert clocks.for_batch(7) == clocks.for_batch(6)
+    assert restarted.recorded(7) is None
+    assert BatchClocks(files, lambda: clock[0]).for_batch(7) == restarted.for_batch(6)
+
+
+def test_batch_clocks_older_than_the_retained_window_are_pruned(spark: SparkSession, tmp_path: Path) -> None:
+    files = HadoopFiles(spark, str(tmp_path / "checkpoint"))
+    clocks = BatchClocks(files, lambda: datetime(2026, 11, 30, tzinfo=UTC))
+    for batch_id in range(0, RETAINED + PRUNE_EVERY + 1):
+        clocks.for_batch(batch_id)
+    kept = sorted(int(n) for n in files.names(CLOCK_DIR) if n.isdigit())
+    assert kept == list(range(PRUNE_EVERY + 1, RETAINED + PRUNE_EVERY + 1))
 
 
 def test_a_batch_outside_a_streaming_query_is_refused_not_given_a_constant_id(
