@@ -26,20 +26,19 @@ from typing import Any
 from streaming.delta_rs import delta_rs_uri
 from streaming.errors import CheckpointError
 from streaming.hadoop_fs import HadoopFiles
+from streaming.tables import TXN_TABLES, txn_app_id
 
 log = logging.getLogger("iotlake.checkpoint")
 LOCK_FILE = "iotlake.lock"
 LEASE_FILE = "iotlake/lease"
-TXN_TABLES = ("readings", "device_state", "quarantine")  # the tables' parts of the transaction app ids
 
 
 @dataclass(frozen=True)
 class CheckpointState:
-    """What Spark's checkpoint says: the query id, the newest planned batch (offsets/) and committed one (commits/)."""
+    """What Spark's checkpoint says: the query id and the newest planned batch (offsets/)."""
 
     query_id: str | None
     planned: int | None
-    committed: int | None
 
 
 def newest_batch(names: list[str]) -> int | None:
@@ -59,7 +58,7 @@ def read_state(files: HadoopFiles) -> CheckpointState:
                 f"The checkpoint's metadata file at {files.directory}/metadata is unreadable ({e}). Restore the "
                 "checkpoint from a copy, or point ingest.checkpoint_location at a new folder."
             ) from e
-    return CheckpointState(query_id, newest_batch(files.names("offsets")), newest_batch(files.names("commits")))
+    return CheckpointState(query_id, newest_batch(files.names("offsets")))
 
 
 def tables_ahead(state: CheckpointState, versions: Mapping[str, int | None]) -> dict[str, int]:
@@ -94,7 +93,9 @@ def check_not_older(state: CheckpointState, versions: Mapping[str, int | None], 
     )
 
 
-def txn_versions(table_uri: Callable[[str], str], storage_options: Mapping[str, str], query_id: str) -> dict:
+def txn_versions(
+    table_uri: Callable[[str], str], storage_options: Mapping[str, str], query_id: str
+) -> dict[str, int | None]:
     """Each table's committed transaction version for this query (None: no table, or never written by it)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -106,7 +107,7 @@ def txn_versions(table_uri: Callable[[str], str], storage_options: Mapping[str, 
         except TableNotFoundError:
             versions[table] = None
             continue
-        version = delta.transaction_version(f"{query_id}-{table}")
+        version = delta.transaction_version(txn_app_id(query_id, table))
         versions[table] = None if version is None else int(version)
     return versions
 

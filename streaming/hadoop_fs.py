@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 CONDITIONAL_OVERWRITE = "fs.option.create.conditional.overwrite"
 CONDITIONAL_OVERWRITE_ETAG = "fs.option.create.conditional.overwrite.etag"
 # What S3A raises when the object store refuses a conditional PUT (412), or its own existence probe finds the file.
-LOST_RACE = ("RemoteFileChangedException", "FileAlreadyExistsException", "PreconditionFailed", "412")
+LOST_RACE = ("RemoteFileChangedException", "FileAlreadyExistsException", "PreconditionFailed")
 
 
 class HadoopFiles:
@@ -46,9 +46,9 @@ class HadoopFiles:
                 return None
             raise
 
-    def write_text(self, name: str, text: str, overwrite: bool = True) -> None:
-        """Write the file (a plain create; overwrite=False fails if it exists, without an atomic guarantee on S3)."""
-        out = self.fs.create(self.path(name), overwrite)
+    def write_text(self, name: str, text: str) -> None:
+        """Write (or overwrite) the file with a plain create: no guarantee against a concurrent writer."""
+        out = self.fs.create(self.path(name), True)
         try:
             out.write(text.encode())
         finally:

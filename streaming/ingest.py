@@ -35,7 +35,7 @@ from streaming.metrics import IngestMetrics
 from streaming.preflight import check_kafka, check_storage
 from streaming.rules import Rules
 from streaming.session import build_session
-from streaming.tables import LakeTables, Txn, retry_on_conflict
+from streaming.tables import LakeTables, Txn, retry_on_conflict, txn_app_id
 
 log = logging.getLogger("iotlake.ingest")
 T = TypeVar("T")
@@ -146,7 +146,7 @@ class BatchWriter:
         exactly_once = self.settings.ingest.exactly_once
 
         def txn(table: str) -> Txn | None:
-            return Txn(f"{query_id}-{table}", info.batch_id) if exactly_once else None
+            return Txn(txn_app_id(query_id, table), info.batch_id) if exactly_once else None
 
         quarantine_error: list[BaseException] = []
 
@@ -300,7 +300,7 @@ def claim_checkpoint(files: HadoopFiles, settings: Settings) -> None:
         )
 
 
-def guard_checkpoint(spark: SparkSession, settings: Settings, files: HadoopFiles) -> None:
+def guard_checkpoint(settings: Settings, files: HadoopFiles) -> None:
     """Refuse a checkpoint older than the tables (streaming.checkpoint), before anything is written."""
     state = read_state(files)
     if state.query_id is None:
@@ -340,7 +340,7 @@ def run(
     try:
         lock.acquire()
         claim_checkpoint(files, settings)
-        guard_checkpoint(spark, settings, files)
+        guard_checkpoint(settings, files)
         tables = LakeTables(spark, settings)
         tables.ensure(on_created=lambda name: faults.crash_if("after_create", name))
         writer = BatchWriter(spark, settings, tables, metrics, faults, lock.check)

@@ -46,6 +46,14 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 COMMIT_FILE = re.compile(r"^\d{20}\.(json|checkpoint\b.*)$")
 
 
+TXN_TABLES = ("readings", "device_state", "quarantine")  # the tables' parts of the transaction app ids
+
+
+def txn_app_id(query_id: str, table: str) -> str:
+    """The Delta transaction app id of one table's writes by one streaming query."""
+    return f"{query_id}-{table}"
+
+
 @dataclass(frozen=True)
 class Txn:
     """Delta transaction identifier: (app_id, version) commits at most once per table."""

@@ -8,8 +8,6 @@ fine: only the process's owner can read /proc/<pid>/environ.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ from stack import StackLayout
 from stack import proc as stack_proc
 from streaming.config import PROJECT_ROOT, Settings
 from tests.helpers import wait_for
+from tests.integration.lake import stop_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -129,10 +128,4 @@ def test_no_secret_on_the_command_line_of_ingest_its_jvm_or_the_stack(
         leaks = _leaks(pids, secrets)
         assert not leaks, "secrets on command lines (readable by every local user):\n" + "\n".join(leaks)
     finally:
-        if ingest.poll() is None:
-            ingest.send_signal(signal.SIGTERM)
-            try:
-                ingest.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(ingest.pid, signal.SIGKILL)
-                ingest.wait(30)
+        stop_job(ingest, STOP_TIMEOUT_S)

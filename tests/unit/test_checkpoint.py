@@ -44,16 +44,16 @@ def test_newest_batch_ignores_temporary_and_checksum_files() -> None:
 def test_tables_ahead_of_the_planned_batch_are_named(
     planned: int | None, versions: dict[str, int | None], ahead: dict[str, int]
 ) -> None:
-    assert tables_ahead(CheckpointState("q", planned, planned), versions) == ahead
+    assert tables_ahead(CheckpointState("q", planned), versions) == ahead
 
 
 def test_an_older_checkpoint_is_refused_naming_both_batches_and_the_ways_out() -> None:
     with pytest.raises(CheckpointError) as refused:
-        check_not_older(CheckpointState("q-1", 90, 90), {"readings": 100, "device_state": 99}, "s3a://b/cp")
+        check_not_older(CheckpointState("q-1", 90), {"readings": 100, "device_state": 99}, "s3a://b/cp")
     text = str(refused.value)
     for needle in ("batch 90", "readings holds batch 100", "device_state holds batch 99", "q-1", "restore", "new"):
         assert needle in text
-    check_not_older(CheckpointState("q-1", 100, 99), {"readings": 100, "device_state": 99}, "s3a://b/cp")
+    check_not_older(CheckpointState("q-1", 100), {"readings": 100, "device_state": 99}, "s3a://b/cp")
 
 
 @pytest.mark.parametrize(
