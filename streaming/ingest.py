@@ -324,15 +324,22 @@ def run(
     available_now: bool = False,
     metrics: IngestMetrics | None = None,
     faults: Faults | None = None,
+    spark: SparkSession | None = None,
 ) -> list[BatchReport]:
-    """Run the streaming job until stopped (SIGINT/SIGTERM) or, with available_now, until caught up."""
+    """Run the streaming job until stopped (SIGINT/SIGTERM) or, with available_now, until caught up.
+
+    Without `spark` the job builds its session and stops it at the end; a given session (one built by
+    streaming.session for the same storage, as the tests share) is used and left running.
+    """
     faults = faults or Faults()
     check_writers_safe(settings, "ingest")
     check_kafka(settings)
     check_storage(settings)
     metrics = metrics or IngestMetrics()
-    metrics.serve(settings.ingest.metrics_host, settings.ingest.metrics_port)
-    spark = build_session(settings)
+    stop_serving = metrics.serve(settings.ingest.metrics_host, settings.ingest.metrics_port)
+    own_session = spark is None
+    spark = spark or build_session(settings)
+    listener, listening = _ProgressListener(metrics), False
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     files = HadoopFiles(spark, settings.ingest.checkpoint_uri)
@@ -344,7 +351,8 @@ def run(
         tables = LakeTables(spark, settings)
         tables.ensure(on_created=lambda name: faults.crash_if("after_create", name))
         writer = BatchWriter(spark, settings, tables, metrics, faults, lock.check)
-        spark.streams.addListener(_ProgressListener(metrics))
+        spark.streams.addListener(listener)
+        listening = True
         try:
             query = start_query(spark, settings, writer, available_now)
         except Exception as e:
@@ -364,7 +372,11 @@ def run(
             signal.signal(sig, handler)
         metrics.up.set(0)
         lock.release()
-        spark.stop()
+        if listening:
+            spark.streams.removeListener(listener)
+        stop_serving()
+        if own_session:
+            spark.stop()
 
 
 def _explain(error: BaseException, settings: Settings) -> IotLakeError:

@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from producers.cli import main as sensor_sim
 from producers.faults import REASON_BY_KIND
 from stack import secrets as stack_secrets
-from streaming.config import Settings
+from streaming.config import Settings, load_settings
 from streaming.delta_rs import delta_rs_uri, delta_storage_options
+from streaming.faults import CRASH_ENV, Faults
+from streaming.ingest import BatchReport, run
 from streaming.preflight import minio_client
 
 
@@ -55,6 +58,16 @@ def simulate(settings: Settings, out: Path, *flags: str, count: int = 20_000, se
     code = sensor_sim(argv)
     assert code == 0, f"sensor-sim exited {code}"
     return json.loads(summary.read_text())
+
+
+def ingest(spark: SparkSession, env: Mapping[str, str]) -> list[BatchReport]:
+    """`iotlake ingest --available-now` in this process on the tests' shared session (no JVM start, a warm JIT).
+
+    The settings and the test hooks come from `env`, as for run_ingest; a refusal raises its IotLakeError.
+    A crash hook would kill the test run itself: those tests use run_ingest.
+    """
+    assert not env.get(CRASH_ENV), f"{CRASH_ENV} kills this process: run the job with run_ingest"
+    return run(load_settings(env=env), available_now=True, faults=Faults.from_env(env), spark=spark)
 
 
 def run_ingest(env: Mapping[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -7,21 +7,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from streaming.config import Settings
+from streaming.errors import CheckpointError
 from tests.helpers import free_port_pair
-from tests.integration.lake import explain, read_table, run_ingest, simulate
+from tests.integration.lake import explain, ingest, read_table, simulate
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.slow
 def test_new_field_is_quarantined_when_evolution_is_off(
-    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+    spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     summary = simulate(settings, tmp_path, "--add-field", "wind_speed_ms", count=1500)
-    result = run_ingest({**test_env, "IOTLAKE_SCHEMA_EVOLUTION__ADD_NEW_FIELDS": "false"})
-    assert result.returncode == 0, explain(result)
+    ingest(spark, {**test_env, "IOTLAKE_SCHEMA_EVOLUTION__ADD_NEW_FIELDS": "false"})
     quarantine = read_table(settings, "quarantine", stack_secrets)
     assert len(quarantine) == summary["valid_distinct"] + summary["duplicates"]
     assert {q["reason"] for q in quarantine} == {"unexpected_field:wind_speed_ms"}
@@ -30,15 +31,13 @@ def test_new_field_is_quarantined_when_evolution_is_off(
 
 @pytest.mark.slow
 def test_new_field_becomes_a_column_when_evolution_is_on(
-    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+    spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     env = {**test_env, "IOTLAKE_SCHEMA_EVOLUTION__ADD_NEW_FIELDS": "true"}
     before = simulate(settings, tmp_path, count=1000, seed=1)
-    first = run_ingest(env)  # the tables exist without the field
-    assert first.returncode == 0, explain(first)
+    ingest(spark, env)  # the tables exist without the field
     after = simulate(settings, tmp_path, "--add-field", "wind_speed_ms", count=1000, seed=2)
-    second = run_ingest(env)
-    assert second.returncode == 0, explain(second)
+    ingest(spark, env)
     readings = read_table(settings, "readings", stack_secrets)
     assert len(readings) == before["valid_distinct"] + after["valid_distinct"]
     with_field = [r for r in readings if r.get("wind_speed_ms") is not None]
@@ -107,8 +106,11 @@ def test_missing_java_is_a_clear_error(settings: Settings, test_env: dict[str, s
 
 
 @pytest.mark.slow
-def test_checkpoint_of_another_query_is_refused(settings: Settings, test_env: dict[str, str]) -> None:
-    first = run_ingest(test_env)
-    assert first.returncode == 0, explain(first)
+def test_checkpoint_of_another_query_is_refused(
+    spark: SparkSession, settings: Settings, test_env: dict[str, str]
+) -> None:
+    ingest(spark, test_env)
     other = {**test_env, "IOTLAKE_STORAGE__BASE_URI": test_env["IOTLAKE_STORAGE__BASE_URI"] + "-other"}
-    assert_clear_error(run_ingest(other), "belongs to a different query", "checkpoint_location")
+    with pytest.raises(CheckpointError, match="belongs to a different query") as refused:
+        ingest(spark, other)
+    assert "checkpoint_location" in str(refused.value)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -23,10 +22,9 @@ from streaming.errors import ConfigError
 from streaming.maintenance import Maintainer
 from streaming.metrics import MaintenanceMetrics, scrape
 from streaming.schema import READINGS_COLUMNS
-from streaming.session import build_session
 from streaming.tables import LakeTables
 from tests.helpers import wait_for
-from tests.integration.lake import assert_tables_match, explain, read_table, reader_options, run_ingest, simulate
+from tests.integration.lake import assert_tables_match, explain, ingest, read_table, reader_options, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,13 +33,6 @@ FILES_PER_APPEND = 20
 ROWS_PER_APPEND = 3_000
 DEVICES = 50
 TABLES = ("readings", "device_state", "quarantine")
-
-
-@pytest.fixture
-def spark(settings: Settings) -> Iterator[SparkSession]:
-    session = build_session(settings, app_name="iotlake-maintenance-test")
-    yield session
-    session.stop()
 
 
 def _readings(spark: SparkSession, append: int, day: date) -> DataFrame:
@@ -260,7 +251,7 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
 
 
 def test_liquid_clustered_readings_are_ingested_and_clustered_by_the_sidecar(
-    test_env: dict[str, str], settings: Settings, stack_secrets: dict[str, str], tmp_path: Path
+    spark: SparkSession, test_env: dict[str, str], settings: Settings, stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     """With `cluster_by` instead of partitions + Z-ORDER, the stream MERGEs into a liquid-clustered table and
     one sidecar cycle runs OPTIMIZE on it (Delta clusters incrementally): fewer files, the same rows."""
@@ -276,8 +267,7 @@ def test_liquid_clustered_readings_are_ingested_and_clustered_by_the_sidecar(
     clustered = load_settings(env=env)  # the fixture's topic and base URI, readings clustered
     assert clustered.tables.readings.cluster_by == ("device_id",) and clustered.kafka.topic == settings.kafka.topic
     summary = simulate(clustered, tmp_path, "--duplicate-rate", "0.05", count=4_000)
-    result = run_ingest(env)
-    assert result.returncode == 0, explain(result)
+    ingest(spark, env)
     assert_tables_match(clustered, stack_secrets, summary)
 
     uri = delta_rs_uri(clustered.storage.table_uri("readings"))

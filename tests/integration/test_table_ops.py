@@ -1,8 +1,8 @@
 """`iotlake history|show|changes|restore|delete-device` on a lake built by the real pipeline.
 
-One lake per module (two sensor-sim runs, each ingested by `iotlake ingest --available-now`) and one Spark
-session, which the in-process CLI calls reuse. The tests run in file order: restore and delete-device
-change the lake last.
+One lake per module (two sensor-sim runs, each ingested by the job in this process) on the tests' one Spark
+session, which the in-process CLI calls reuse (build_session's getOrCreate returns it). The tests run in file
+order: restore and delete-device change the lake last.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,8 +27,7 @@ from stack import ensure_topic
 from streaming.cli import main as iotlake_main
 from streaming.config import Settings, load_settings
 from streaming.preflight import minio_client
-from streaming.session import build_session
-from tests.integration.lake import explain, read_table, reader_options, run_ingest, simulate
+from tests.integration.lake import ingest, read_table, reader_options, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -66,7 +64,9 @@ def iotlake_json(env: dict[str, str], *argv: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def lake(stack_env: dict[str, str], stack_secrets: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Lake:
+def lake(
+    spark: Any, stack_env: dict[str, str], stack_secrets: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Lake:
     tmp = tmp_path_factory.mktemp("table-ops")
     base = {**os.environ, **stack_env}
     uid = uuid.uuid4().hex[:12]
@@ -83,8 +83,7 @@ def lake(stack_env: dict[str, str], stack_secrets: dict[str, str], tmp_path_fact
     counts: list[int] = []
     for seed in (7, 8):
         simulate(settings, tmp, *FAULTS, count=3000, seed=seed)
-        result = run_ingest(env)
-        assert result.returncode == 0, explain(result)
+        ingest(spark, env)
         from deltalake import DeltaTable
 
         from streaming.delta_rs import delta_rs_uri, delta_storage_options
@@ -96,16 +95,6 @@ def lake(stack_env: dict[str, str], stack_secrets: dict[str, str], tmp_path_fact
         counts.append(len(read_table(settings, "readings", stack_secrets)))
     assert counts[1] > counts[0] > 0
     return Lake(env, settings, stack_secrets, versions[0], counts[0], counts[1])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def spark(lake: Lake) -> Iterator[Any]:
-    """The module's one Spark session; the CLI's build_session returns it (getOrCreate)."""
-    session = build_session(lake.settings, app_name="iotlake-ops-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def test_history_lists_every_merge_with_its_metrics(lake: Lake) -> None:
@@ -294,7 +283,7 @@ def test_restore_to_before_a_purge_names_the_device_and_needs_yes(lake: Lake) ->
     assert device in devices_at(lake, "readings")  # the warning was true: the device is back
 
 
-def test_delete_device_matches_the_payloads_device_id_in_quarantine(lake: Lake) -> None:
+def test_delete_device_matches_the_payloads_device_id_in_quarantine(spark: Any, lake: Lake) -> None:
     """A quarantined message of the device is purged whether the device is in its key or in its payload."""
     quarantine = read_table(lake.settings, "quarantine", lake.secrets)
     key, _ = Counter(q["raw_key"] for q in quarantine).most_common(1)[0]
@@ -328,8 +317,7 @@ def test_delete_device_matches_the_payloads_device_id_in_quarantine(lake: Lake) 
     for message_key, value, _ in crafted.values():
         producer.produce(lake.settings.kafka.topic, key=message_key, value=value)
     assert producer.flush(30) == 0
-    result = run_ingest(lake.env)
-    assert result.returncode == 0, explain(result)
+    ingest(spark, lake.env)
 
     quarantine = read_table(lake.settings, "quarantine", lake.secrets)
     by_value = {q["raw_value"]: q for q in quarantine}
