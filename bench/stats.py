@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -142,11 +142,6 @@ def summarize(values: Iterable[float], digits: int = 3) -> dict[str, float | int
         "p99": round(percentile(vals, 99), digits),
         "max": round(max(vals), digits),
     }
-
-
-def utc_ms(dt: datetime) -> int:
-    """Epoch ms of a datetime (naive = UTC)."""
-    return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 # The parts of a foreachBatch call batch_breakdown() returns, in the order they run; they add up to its time.

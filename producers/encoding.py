@@ -40,19 +40,6 @@ def added_fields_fragment(names: tuple[str, ...], seq: int) -> bytes:
     return "".join(f',"{name}":{value:.2f}' for name in names).encode()
 
 
-def encode_event(
-    prefix: bytes,
-    n: int,
-    ids: bytes,
-    seq: int,
-    event_time: int,
-    readings: tuple[float, float, float, float, float],
-    extra: bytes = b"",
-) -> bytes:
-    """One valid event as compact UTF-8 JSON, readings rounded to 2 decimals (see EVENT_TEMPLATE)."""
-    return EVENT_TEMPLATE % (prefix, n, ids, seq, event_time, *readings, extra)
-
-
 def event_dict(
     eid: str,
     device_id: str,

@@ -35,7 +35,8 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     layout.make_dirs()
     secrets_path = resolve_path(settings.storage.secrets_file)
     sasl = kafka.sasl_listener(settings)
-    secrets = sec.ensure_secrets_file(secrets_path, extra=(sec.KAFKA_SASL_PASSWORD,) if sasl else ())
+    extra = (*((sec.KAFKA_SASL_PASSWORD,) if sasl else ()), *((sec.SPARK_AUTH_SECRET,) if cluster else ()))
+    secrets = sec.ensure_secrets_file(secrets_path, extra=extra)
 
     kafka.check_can_start(settings, layout)  # all checked before any starts
     minio.check_can_start(settings, layout)
@@ -73,7 +74,7 @@ def up(settings: Settings, layout: StackLayout | None = None, echo: Echo | None 
     _timed(echo, started, f"topic {settings.kafka.topic!r}: {count} partitions, all with a leader")
     if cluster:
         started = time.monotonic()
-        c = spark_cluster.start(settings, layout, find_java())
+        c = spark_cluster.start(settings, layout, find_java(), secrets[sec.SPARK_AUTH_SECRET])
         verb = "running already" if c.reused else "started"
         where = f"master pid {c.master_pid} {c.master_url} (UI {c.webui_url}), worker pid {c.worker_pid}"
         _timed(echo, started, f"spark: {verb}, {where}, ready")

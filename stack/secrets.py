@@ -23,6 +23,8 @@ SECRET_KEYS = (ROOT_PASSWORD, WRITER_SECRET_KEY, READER_SECRET_KEY)
 NAMES = (ROOT_USER, ROOT_PASSWORD, WRITER_ACCESS_KEY, WRITER_SECRET_KEY, READER_ACCESS_KEY, READER_SECRET_KEY)
 # Generated only when asked for (`extra`): the native Kafka's SASL/PLAIN user's password (kafka.sasl_listener_port).
 KAFKA_SASL_PASSWORD = "IOTLAKE_KAFKA_SASL_PASSWORD"
+# ... and the native Spark cluster's spark.authenticate secret (`stack up --cluster`), which its drivers need too.
+SPARK_AUTH_SECRET = "IOTLAKE_SPARK_AUTH_SECRET"
 
 _ACCESS_ALPHABET = string.ascii_uppercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits

@@ -125,6 +125,9 @@ class SparkConfig:
     ivy_cache: str = "~/.cache/iotlake/ivy"
     driver_memory: str = "2g"
     conf: Mapping[str, str] = field(default_factory=dict)
+    # spark.authenticate's shared secret for a spark:// master (the native cluster's: IOTLAKE_SPARK_AUTH_SECRET in
+    # the secrets file). It reaches the driver through a 0600 properties file, never its command line.
+    auth_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,6 @@ class SparkClusterConfig:
 class IngestConfig:
     checkpoint_location: str = "checkpoints/ingest"
     trigger_interval: str = "5 seconds"
-    exactly_once: bool = True
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
     checkpoint_lease_ttl: str = "60 seconds"  # an s3a:// checkpoint's lock: a dead job's lease expires after this
@@ -247,9 +249,6 @@ class ValidationConfig:
     def max_lateness_s(self) -> float:
         return parse_duration(self.max_lateness, "validation.max_lateness")
 
-    def action(self, rule: str) -> str:
-        return self.actions.get(rule, "quarantine")
-
 
 @dataclass(frozen=True)
 class SchemaEvolutionConfig:
@@ -287,6 +286,8 @@ class Settings:
         for key in SECRET_KEYS:
             if data["storage"].get(key):
                 data["storage"][key] = "***"
+        if data["spark"].get("auth_secret"):
+            data["spark"]["auth_secret"] = "***"
         for section, name in OPTION_MAPPINGS:
             values = data[section][name]
             data[section][name] = {k: "***" if v and is_secret_key(k) else v for k, v in values.items()}
@@ -489,13 +490,20 @@ def resolve_path(path: str, base: Path = PROJECT_ROOT) -> Path:
 
 
 def _with_secrets(settings: Settings) -> Settings:
-    storage = settings.storage
-    if storage.access_key and storage.secret_key:
+    """The writer's key and, for a spark:// master, Spark's auth secret, from the secrets file unless set."""
+    storage, spark = settings.storage, settings.spark
+    wants_auth = spark.master.startswith("spark://") and not spark.auth_secret
+    if storage.access_key and storage.secret_key and not wants_auth:
         return settings
     secrets = read_secrets_file(resolve_path(storage.secrets_file))
     access = storage.access_key or secrets.get("IOTLAKE_WRITER_ACCESS_KEY")
     secret = storage.secret_key or secrets.get("IOTLAKE_WRITER_SECRET_KEY")
-    return replace(settings, storage=replace(storage, access_key=access, secret_key=secret))
+    auth = spark.auth_secret or (secrets.get("IOTLAKE_SPARK_AUTH_SECRET") if wants_auth else None)
+    return replace(
+        settings,
+        storage=replace(storage, access_key=access, secret_key=secret),
+        spark=replace(spark, auth_secret=auth),
+    )
 
 
 def _validate_maintenance(m: MaintenanceConfig) -> None:

@@ -33,6 +33,10 @@ class CheckpointError(IotLakeError):
     """The checkpoint belongs to a different or incompatible query."""
 
 
+class VacuumRefusedError(IotLakeError):
+    """A VACUUM the safety checks refuse: it could delete files that a reader or the stream still needs."""
+
+
 class ValidationFailure(IotLakeError):
     """A validation rule whose action is `fail` matched a record: the stream stops."""
 

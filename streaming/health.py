@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 from streaming.config import MaintenanceConfig
-from streaming.errors import ConfigError
+from streaming.errors import VacuumRefusedError
 
 UNPARTITIONED = ""
 DAY_S = 86_400.0
@@ -317,15 +317,15 @@ def check_vacuum_retention(
       caught-up stream (no lag; an idle topic) has nothing to replay, however long ago it last committed.
     """
     if retention_s <= 0:
-        raise ConfigError(f"VACUUM {table}: retention must be > 0, got {retention_s:g} s.")
+        raise VacuumRefusedError(f"VACUUM {table}: retention must be > 0, got {retention_s:g} s.")
     if retention_s < table_retention_s:
-        raise ConfigError(
+        raise VacuumRefusedError(
             f"VACUUM {table}: retention {_human(retention_s)} is below the table's deleted-file retention "
             f"({_human(table_retention_s)}), Delta's safety check. Readers and time travel within that window "
             "would break. Use a longer retention, or lower tables.deleted_file_retention deliberately."
         )
     if stream is not None and stream.behind > 0 and stream.stalled_s >= retention_s:
-        raise ConfigError(
+        raise VacuumRefusedError(
             f"VACUUM {table}: the stream is {stream.behind:,} messages behind the topic's end and has not "
             f"committed a batch for {_human(stream.stalled_s)}, not less than the retention "
             f"({_human(retention_s)}); the batch it replays when it resumes would miss files. Get the stream "

@@ -143,10 +143,9 @@ class BatchWriter:
         The append carries its transaction id as writer options, the MERGEs as session settings, so the
         two don't interfere; either failing fails the batch, which then replays.
         """
-        exactly_once = self.settings.ingest.exactly_once
 
         def txn(table: str) -> Txn | None:
-            return Txn(txn_app_id(query_id, table), info.batch_id) if exactly_once else None
+            return None if self.faults.no_txn_ids else Txn(txn_app_id(query_id, table), info.batch_id)
 
         quarantine_error: list[BaseException] = []
 

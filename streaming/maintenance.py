@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from streaming.config import Settings, TableConfig, parse_duration
-from streaming.errors import ConfigError, IotLakeError, ServiceUnreachableError, first_line
+from streaming.errors import ConfigError, IotLakeError, ServiceUnreachableError, VacuumRefusedError, first_line
 from streaming.health import (
     UNPARTITIONED,
     Commit,
@@ -138,7 +138,7 @@ def check_vacuum(settings: Settings, table: str, retention_s: float | None) -> f
     try:
         progress = stream_progress(settings)
     except ServiceUnreachableError as e:
-        raise ConfigError(
+        raise VacuumRefusedError(
             f"VACUUM {table}: can't tell whether the stream is behind: {first_line(e)} Not vacuuming until "
             "Kafka answers."
         ) from e
@@ -393,7 +393,7 @@ class Maintainer:
             if vacuum and due and self.backoff.waiting(spec.name) == 0:
                 try:
                     report.vacuumed.append(self.vacuum(spec))
-                except ConfigError as e:  # refused by the safety checks: say why, try again next cycle
+                except VacuumRefusedError as e:  # refused by the safety checks: say why, try again next cycle
                     log.warning("%s", e)
                     report.skipped[f"{spec.name} vacuum"] = str(e)
             if any(v.table == spec.name and v.outcome == "ok" for v in report.vacuumed):

@@ -30,7 +30,6 @@ EVENT_FIELDS: tuple[Column, ...] = (
     Column("battery_v", T.DoubleType(), "Device battery voltage, volts"),
 )
 EVENT_FIELD_NAMES: tuple[str, ...] = tuple(c.name for c in EVENT_FIELDS)
-MEASUREMENTS: tuple[str, ...] = EVENT_FIELD_NAMES[6:]
 CORRUPT = "_corrupt_record"
 
 KAFKA_COLUMNS: tuple[Column, ...] = (
@@ -72,10 +71,6 @@ QUARANTINE_COLUMNS: tuple[Column, ...] = (
     *INGEST_COLUMNS,
     Column("ingest_date", T.DateType(), "UTC date of ingest_time (partition column)", False),
 )
-
-
-def struct_of(columns: tuple[Column, ...]) -> T.StructType:
-    return T.StructType([T.StructField(c.name, c.type, c.nullable) for c in columns])
 
 
 def typed_event_schema(extra: tuple[Column, ...] = ()) -> T.StructType:

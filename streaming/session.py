@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,6 +63,7 @@ def check_java() -> None:
 # Spark's default spark.redaction.regex: the names of settings that hold credentials.
 CREDENTIAL_NAME = re.compile(r"secret|password|token|access[.]?key", re.IGNORECASE)
 HADOOP_PREFIX = "spark.hadoop."
+SUBMIT_ARGS = "PYSPARK_SUBMIT_ARGS"
 
 
 def storage_credentials(settings: Settings) -> dict[str, str]:
@@ -138,20 +141,57 @@ def build_session(
         jar, _ = ensure_jar(settings)
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name or settings.spark.app_name)
     conf, hidden = split_credentials(session_conf(settings, extra_conf, jar))
+    submit: list[str] = []
     jars = conf.pop("spark.jars", None)
     if jars:
         # spark-submit merges --jars with the resolved spark.jars.packages into spark.jars. A spark.jars set on
         # the builder would replace that list once the context starts, and executors on a cluster would then
         # miss the packages (the Kafka source). So the jars go on the launch command instead.
-        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jars} pyspark-shell"
+        submit += ["--jars", jars]
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES)).getOrCreate()
+    with _auth_properties(settings) as properties, _submit_args(submit, properties):
+        spark = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES)).getOrCreate()
     hadoop_conf = spark._jsc.hadoopConfiguration()
     for key, value in {**credentials, **hidden}.items():  # config's spark.conf overrides the storage keys
         hadoop_conf.set(key, value)
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+@contextlib.contextmanager
+def _submit_args(args: list[str], properties: Path | None) -> Iterator[None]:
+    """PYSPARK_SUBMIT_ARGS for the launch of this JVM only: not left to later sessions or child processes."""
+    if properties is not None:
+        args = [*args, "--properties-file", str(properties)]
+    before = os.environ.get(SUBMIT_ARGS)
+    os.environ[SUBMIT_ARGS] = " ".join([*args, "pyspark-shell"])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SUBMIT_ARGS, None)
+        else:
+            os.environ[SUBMIT_ARGS] = before
+
+
+@contextlib.contextmanager
+def _auth_properties(settings: Settings) -> Iterator[Path | None]:
+    """For a spark:// master with an auth secret: a 0600 properties file with spark.authenticate and its
+    secret, for spark-submit's --properties-file, removed once the JVM has read it (the session is up).
+
+    A standalone master refuses a driver without the secret; as a --conf it would be on the command line.
+    """
+    secret = settings.spark.auth_secret
+    if not secret or not settings.spark.master.startswith("spark://"):
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="iotlake-spark-") as folder:  # mode 0700
+        path = Path(folder) / "auth.conf"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"spark.authenticate true\nspark.authenticate.secret {secret}\n")
+        yield path
 
 
 def jars_marker(settings: Settings) -> Path:

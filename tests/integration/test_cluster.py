@@ -1,18 +1,23 @@
 """The ingest job on a real Spark standalone cluster (master + worker on loopback, started by the stack):
-the same exact counts as in local mode, and the tasks really ran in the worker's executor."""
+the same exact counts as in local mode, the tasks really ran in the worker's executor, and a driver without
+the cluster's spark.authenticate secret is refused."""
 
 from __future__ import annotations
 
 import shutil
+import stat
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stack import StackLayout, spark_cluster, status, up
-from streaming.config import Settings, load_settings
-from tests.helpers import free_port_pair
+from stack import StackLayout, proc, spark_cluster, status, up
+from stack import secrets as sec
+from streaming.config import Settings, load_settings, read_secrets_file
+from tests.helpers import free_port_pair, wait_for
 from tests.integration.lake import assert_tables_match, explain, run_ingest, simulate
 from tests.integration.test_pipeline import FAULTS
 
@@ -74,9 +79,49 @@ def test_ingest_on_a_standalone_cluster_gives_the_exact_counts(
     text = "".join(p.read_text(errors="replace") for p in executor_logs)
     assert "Running task" in text and "Finished task" in text
 
+    # The cluster authenticates every connection; its secret is in 0600 files, on no command line.
+    secret = read_secrets_file(Path(env["IOTLAKE_STORAGE__SECRETS_FILE"]))[sec.SPARK_AUTH_SECRET]
+    assert cluster_settings.spark.auth_secret == secret
+    for role in ("master", "worker"):
+        conf = layout.spark_home / f"{role}.conf"
+        assert stat.S_IMODE(conf.stat().st_mode) == 0o600, role
+        assert f"spark.authenticate.secret {secret}" in conf.read_text().splitlines(), role
+    for pid in (before["spark-master"]["pid"], before["spark-worker"]["pid"]):
+        assert secret not in (proc.cmdline(pid) or ""), pid
+    assert_refused_without_the_secret(cluster_settings, layout)
+
     # Stopping takes the worker (and its executors) and the master down; the rest of the stack stays.
     worker_pid, master_pid = spark_cluster.stop(layout)
     assert (worker_pid, master_pid) == (before["spark-worker"]["pid"], before["spark-master"]["pid"])
     after = status(cluster_settings, layout)
     assert after["spark-master"]["state"] == after["spark-worker"]["state"] == "stopped"
     assert after["kafka"]["state"] == after["minio"]["state"] == "running"
+
+
+INTRUDER = """
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master({master!r}).appName("intruder").config("spark.driver.host", "127.0.0.1")
+print(spark.config("spark.driver.bindAddress", "127.0.0.1").getOrCreate().range(10).count())
+"""
+
+
+def assert_refused_without_the_secret(settings: Settings, layout: StackLayout) -> None:
+    """A plain PySpark driver (any local user's code) without the secret: the master fails its auth challenge
+    and never runs it as an application."""
+    log = spark_cluster.master_service(layout).log
+    challenges_before = log.read_text(errors="replace").count("doAuthChallenge")
+    code = INTRUDER.format(master=spark_cluster.master_url(settings))
+    intruder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            lambda: log.read_text(errors="replace").count("doAuthChallenge") > challenges_before,
+            120,
+            message="the master to fail the unauthenticated driver's auth challenge",
+        )
+        info = spark_cluster.master_json(settings)
+        assert info is not None
+        assert not [a for a in info["activeapps"] + info["completedapps"] if a["name"] == "intruder"], info
+        assert intruder.poll() in (None, 1), "the driver without the secret must not get to run"
+    finally:
+        intruder.kill()
+        intruder.wait(30)

@@ -21,7 +21,7 @@ def crash_then_restart(test_env: dict[str, str], exactly_once: bool) -> None:
     env = {
         **test_env,
         "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "4000",
-        "IOTLAKE_INGEST__EXACTLY_ONCE": str(exactly_once).lower(),
+        "IOTLAKE_TEST_NO_TXN_IDS": "0" if exactly_once else "1",
     }
     crashed = run_ingest({**env, "IOTLAKE_TEST_CRASH": f"after_batch:{CRASH_BATCH}"})
     assert crashed.returncode == -signal.SIGKILL, explain(crashed)

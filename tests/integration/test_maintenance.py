@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from stack.addresses import free_port
 from streaming.config import Settings, load_settings
 from streaming.delta_rs import delta_rs_uri
-from streaming.errors import ConfigError
+from streaming.errors import VacuumRefusedError
 from streaming.maintenance import Maintainer
 from streaming.metrics import MaintenanceMetrics, scrape
 from streaming.schema import READINGS_COLUMNS
@@ -125,7 +125,7 @@ def test_vacuum_below_retention_is_refused_and_runs_with_the_retention_asked_for
     LakeTables(spark, settings).ensure()
     metrics = MaintenanceMetrics(registry=CollectorRegistry())
     maintainer = Maintainer(spark, settings, metrics)
-    with pytest.raises(ConfigError, match="below the table's deleted-file retention"):
+    with pytest.raises(VacuumRefusedError, match="below the table's deleted-file retention"):
         maintainer.vacuum(settings.tables.readings, retention_s=3600)
     result = maintainer.vacuum(settings.tables.readings)
     assert result.outcome == "ok" and result.retention_s == 7 * 86400

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 
 from streaming.config import Settings
-from streaming.errors import ConfigError
+from streaming.errors import VacuumRefusedError
 from streaming.maintenance import check_vacuum, table_retention_s
 from streaming.status import latest_offsets
 
@@ -58,7 +58,7 @@ def test_an_idle_stream_does_not_block_vacuum(settings: Settings) -> None:
 def test_a_stream_behind_for_longer_than_the_retention_blocks_vacuum(settings: Settings) -> None:
     ends = _produce(settings, 5)
     _checkpoint(settings, {p: max(o - 2, 0) for p, o in ends.items()}, age_s=30 * DAY_S)
-    with pytest.raises(ConfigError, match=r"12 messages behind the topic's end .* for 30 days"):
+    with pytest.raises(VacuumRefusedError, match=r"12 messages behind the topic's end .* for 30 days"):
         check_vacuum(settings, "readings", None)
     # The same backlog, but the stream committed a minute ago: it is working through it.
     _checkpoint(settings, {p: max(o - 2, 0) for p, o in ends.items()}, age_s=60)

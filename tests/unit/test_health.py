@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streaming.config import MaintenanceConfig, Settings, load_settings
-from streaming.errors import ConfigError
+from streaming.errors import ConfigError, VacuumRefusedError
 from streaming.health import (
     UNPARTITIONED,
     Commit,
@@ -187,16 +187,16 @@ def test_vacuum_is_due_after_the_interval_or_when_never_run() -> None:
 
 
 def test_vacuum_below_the_tables_retention_is_refused_with_the_fix() -> None:
-    with pytest.raises(ConfigError, match=r"below the table's deleted-file retention \(7 days\)"):
+    with pytest.raises(VacuumRefusedError, match=r"below the table's deleted-file retention \(7 days\)"):
         check_vacuum_retention("readings", 3600, 7 * 86400, stream=None)
     check_vacuum_retention("readings", 7 * 86400, 7 * 86400, stream=None)  # at the retention: allowed
 
 
 def test_vacuum_is_refused_only_while_the_stream_is_stalled_behind_for_the_retention() -> None:
     week = 7 * 86400
-    with pytest.raises(ConfigError, match=r"5 messages behind the topic's end .* for 8 days"):
+    with pytest.raises(VacuumRefusedError, match=r"5 messages behind the topic's end .* for 8 days"):
         check_vacuum_retention("readings", week, week, StreamProgress(behind=5, since_commit_s=8 * 86400))
-    with pytest.raises(ConfigError, match="behind"):  # at the retention: refused, as before
+    with pytest.raises(VacuumRefusedError, match="behind"):  # at the retention: refused, as before
         check_vacuum_retention("readings", week, week, StreamProgress(behind=1, since_commit_s=week))
     # Idle topic: caught up, last commit a month ago. Nothing to replay, so nothing to lose.
     check_vacuum_retention("readings", week, week, StreamProgress(behind=0, since_commit_s=30 * 86400))
