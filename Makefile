@@ -6,7 +6,7 @@ DURATION ?= 120
 PYTEST_ARGS ?=
 CLUSTER ?=
 
-.PHONY: install up down status run test unit integration bench lint secrets
+.PHONY: install up down status run test unit integration bench profile lint secrets
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ integration: install
 
 bench: install               ## benchmark against the real stack; writes bench/results/<date>.json and .md
 	$(PY) -m bench
+
+profile: install             ## where one micro-batch's time goes (Spark's event log); writes bench/results/<date>-profile.md
+	$(PY) -m bench.profile
 
 secrets: $(VENV)/.installed  ## .env for Docker Compose: random credentials, mode 0600; FORCE=1 replaces an existing one
 	$(PY) -m stack secrets --env .env $(if $(FORCE),--force)
