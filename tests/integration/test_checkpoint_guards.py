@@ -11,12 +11,15 @@ import signal
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from streaming.config import Settings
+from streaming.errors import CheckpointError
 from tests.helpers import wait_for
 from tests.integration.lake import (
     assert_tables_match,
     explain,
+    ingest,
     run_ingest,
     simulate,
     start_ingest,
@@ -31,7 +34,7 @@ TABLES = ("readings", "device_state", "quarantine")
 
 
 def test_an_older_copy_of_the_checkpoint_is_refused_and_nothing_is_written(
-    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+    spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     summary = simulate(settings, tmp_path, *FAULTS, count=6_000)
     env = {**test_env, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "1500"}  # batches 0..4
@@ -41,8 +44,7 @@ def test_an_older_copy_of_the_checkpoint_is_refused_and_nothing_is_written(
     assert crashed.returncode == -signal.SIGKILL, explain(crashed)
     backup = tmp_path / "checkpoint-backup"
     shutil.copytree(checkpoint, backup)
-    finished = run_ingest(env)
-    assert finished.returncode == 0, explain(finished)
+    ingest(spark, env)  # the killed job's successor finishes the topic
     assert_tables_match(settings, stack_secrets, summary)
     versions = {t: table_version(settings, t, stack_secrets) for t in TABLES}
     last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
@@ -50,16 +52,16 @@ def test_an_older_copy_of_the_checkpoint_is_refused_and_nothing_is_written(
 
     shutil.rmtree(checkpoint)
     shutil.copytree(backup, checkpoint)  # "restore last night's backup"
-    restored = run_ingest(env)
-    assert restored.returncode == 2, explain(restored)
+    with pytest.raises(CheckpointError) as refused:
+        ingest(spark, env)
     for needle in ("older than the tables", "its newest batch is batch 2", f"readings holds batch {last}"):
-        assert needle in restored.stderr, explain(restored)
+        assert needle in str(refused.value)
     assert {t: table_version(settings, t, stack_secrets) for t in TABLES} == versions, "a refused start wrote"
     assert sorted(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()) == [0, 1, 2]
 
 
 def test_a_second_job_on_the_same_checkpoint_is_refused(
-    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+    spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     summary = simulate(settings, tmp_path, *FAULTS, count=3_000)
     env = {**test_env, "IOTLAKE_INGEST__TRIGGER_INTERVAL": "1 second"}
@@ -74,10 +76,9 @@ def test_a_second_job_on_the_same_checkpoint_is_refused(
             message="the first job's first batch",
         )
         assert first.poll() is None, log.read_text()[-3000:]
-        second = run_ingest(env)
-        assert second.returncode == 2, explain(second)
-        assert "Another job is running on the checkpoint" in second.stderr, explain(second)
-        assert f"pid {first.pid}" in second.stderr, explain(second)
+        with pytest.raises(CheckpointError, match="Another job is running on the checkpoint") as refused:
+            ingest(spark, env)  # this process is the second job
+        assert f"pid {first.pid}" in str(refused.value)
         assert first.poll() is None, "the refused job must not disturb the running one"
     finally:
         code = stop_job(first)

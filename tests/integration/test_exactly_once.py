@@ -7,9 +7,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from streaming.config import Settings
-from tests.integration.lake import delta_log_actions, explain, read_table, run_ingest, simulate
+from tests.integration.lake import delta_log_actions, explain, ingest, read_table, run_ingest, simulate
 from tests.integration.test_pipeline import FAULTS, assert_tables_match
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CRASH_BATCH = 1
 
 
-def crash_then_restart(test_env: dict[str, str], exactly_once: bool) -> None:
+def crash_then_restart(spark: SparkSession, test_env: dict[str, str], exactly_once: bool) -> None:
     env = {
         **test_env,
         "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "4000",
@@ -32,15 +33,14 @@ def crash_then_restart(test_env: dict[str, str], exactly_once: bool) -> None:
     assert not (checkpoint / "commits" / str(CRASH_BATCH)).exists()
     assert (checkpoint / "commits" / str(CRASH_BATCH - 1)).exists()
 
-    restarted = run_ingest(env)
-    assert restarted.returncode == 0, explain(restarted)
+    ingest(spark, env)  # the killed job's successor replays batch CRASH_BATCH
 
 
 def test_crash_after_commit_then_replay_is_exactly_once(
-    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+    spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     summary = simulate(settings, tmp_path, *FAULTS, count=16_000)
-    crash_then_restart(test_env, exactly_once=True)
+    crash_then_restart(spark, test_env, exactly_once=True)
     assert_tables_match(settings, stack_secrets, summary)
 
     # One transaction record per batch and table: the replayed batch committed nothing new.
@@ -55,11 +55,11 @@ def test_crash_after_commit_then_replay_is_exactly_once(
 
 
 def test_negative_control_without_transaction_ids_duplicates_the_replayed_batch(
-    settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
+    spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
-    """The same crash with exactly_once off must show a difference, or the test above proves nothing."""
+    """The same crash without transaction ids must show a difference, or the test above proves nothing."""
     summary = simulate(settings, tmp_path, *FAULTS, count=16_000)
-    crash_then_restart(test_env, exactly_once=False)
+    crash_then_restart(spark, test_env, exactly_once=False)
     quarantine = read_table(settings, "quarantine", stack_secrets)
     coordinates = Counter((q["kafka_partition"], q["kafka_offset"]) for q in quarantine)
     assert len(quarantine) > summary["malformed_total"]
