@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 import time
 from collections import defaultdict
@@ -48,12 +49,15 @@ class Job:
         return (self.end_ms - self.start_ms) / 1000
 
 
+# The streaming query's own part of every job description in a batch: "<name> id = … runId = … batch = N".
+_STREAM_PREFIX = re.compile(r"\S+ id = \S+ runId = \S+ batch = \d+(:| -)?\s*")
+
+
 def _what(props: dict[str, Any], stage_names: list[str]) -> str:
-    for key in ("spark.job.description", "callSite.short"):
-        text = str(props.get(key) or "").strip()
-        if text:
-            return " ".join(text.split())[:120]
-    return stage_names[0] if stage_names else "?"
+    """What a job is for: its description without the stream's prefix (Delta names its jobs), and its call site."""
+    description = _STREAM_PREFIX.sub("", " ".join(str(props.get("spark.job.description") or "").split()))
+    site = str(props.get("callSite.short") or (stage_names[0] if stage_names else "")).strip()
+    return " @ ".join(part for part in (description[:90], site) if part) or "?"
 
 
 def parse_event_log(lines: Iterable[str]) -> list[Job]:
@@ -170,8 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         events.mkdir()
         env = stack.workload("profile", Path(work), IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER=str(args.per_trigger))
         settings = load_settings(env=env)
-        conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
-                "spark.eventLog.compress": "false"}  # fmt: skip
+        conf = {
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": events.as_uri(),
+            "spark.eventLog.compress": "false",
+            "spark.eventLog.rolling.enabled": "false",
+        }  # one plain file
         spark = build_session(settings, app_name="iotlake-profile", extra_conf=conf)
         try:
             produce(settings, args.messages, seed=1)
@@ -180,8 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             reports += run(settings, available_now=True, spark=spark)
         finally:
             spark.stop()  # flushes the event log
-        logs = [f for f in events.iterdir() if f.is_file()]
-        jobs = parse_event_log(logs[0].read_text().splitlines()) if logs else []
+        logs = [f for f in events.rglob("*") if f.is_file()]
+        if len(logs) != 1:
+            raise RuntimeError(f"expected one event log under {events}, found {logs}")
+        jobs = parse_event_log(logs[0].read_text().splitlines())
     result = {
         "date": datetime.now(UTC).date().isoformat(),
         "commit": report.git_commit(),

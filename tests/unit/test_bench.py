@@ -218,6 +218,9 @@ def _job_events(job_id: int, start: int, end: int, props: dict[str, str], tasks:
     return [json.dumps(begin), json.dumps({"Event": "SparkListenerJobEnd", "Job ID": job_id, "Completion Time": end})]
 
 
+STREAM_WRITE = "Delta: iotlake_ingest\nid = 8f0c\nrunId = 3a1b\nbatch = 0: Writing"  # what the stream prefixes
+
+
 def test_the_profile_groups_each_batchs_spark_jobs_and_counts_overlaps_once() -> None:
     from bench.profile import batch_profile, busy_seconds, parse_event_log
     from streaming.ingest import BatchReport
@@ -226,21 +229,21 @@ def test_the_profile_groups_each_batchs_spark_jobs_and_counts_overlaps_once() ->
         '{"Event": "SparkListenerApplicationStart"}',
         *_job_events(0, 1_000, 3_000, {"streaming.sql.batchId": "0", "callSite.short": "collect at batch.py:9"}),
         *_job_events(1, 2_000, 4_000, {"streaming.sql.batchId": "0", "spark.job.description": "Delta: Writing"}),
-        *_job_events(2, 6_000, 7_000, {"streaming.sql.batchId": "0", "spark.job.description": "Delta: Writing"}),
+        *_job_events(2, 6_000, 7_000, {"streaming.sql.batchId": "0", "spark.job.description": STREAM_WRITE}),
         *_job_events(3, 9_000, 9_500, {}),  # outside any batch (e.g. table creation)
         *_job_events(4, 10_000, 10_100, {"streaming.sql.batchId": "1", "callSite.short": "x"})[:1],  # never ended
     ]
     jobs = parse_event_log(lines)
     assert [(j.job_id, j.batch_id, j.what) for j in jobs] == [
         (0, 0, "collect at batch.py:9"),
-        (1, 0, "Delta: Writing"),
-        (2, 0, "Delta: Writing"),
+        (1, 0, "Delta: Writing @ collect at NativeMethodAccessorImpl.java:0"),
+        (2, 0, "Delta: Writing @ collect at NativeMethodAccessorImpl.java:0"),
         (3, None, "collect at NativeMethodAccessorImpl.java:0"),
     ]
     assert busy_seconds(jobs[:3]) == 4.0  # 1-4 s and 6-7 s: the overlap of jobs 0 and 1 counts once
     profile = batch_profile(BatchReport(0, 10, {}, {}, 8, 2, 6.5, {"validate": 1.0}), jobs)
     assert profile["spark_jobs"] == 3 and profile["spark_jobs_busy_s"] == 4.0 and profile["outside_jobs_s"] == 2.5
     assert profile["jobs_by_purpose"] == [
-        {"what": "Delta: Writing", "jobs": 2, "seconds": 3.0, "tasks": 4},
+        {"what": "Delta: Writing @ collect at NativeMethodAccessorImpl.java:0", "jobs": 2, "seconds": 3.0, "tasks": 4},
         {"what": "collect at batch.py:9", "jobs": 1, "seconds": 2.0, "tasks": 2},
     ]
