@@ -41,7 +41,6 @@ class Job:
     what: str  # its description (Delta names its jobs) or the PySpark call site
     start_ms: int
     end_ms: int
-    stages: int
     tasks: int
 
     @property
@@ -81,7 +80,6 @@ def parse_event_log(lines: Iterable[str]) -> list[Job]:
                     what=_what(props, [s.get("Stage Name", "") for s in stages]),
                     start_ms=int(begin["Submission Time"]),
                     end_ms=int(event["Completion Time"]),
-                    stages=len(stages),
                     tasks=sum(int(s.get("Number of Tasks", 0)) for s in stages),
                 )
             )

@@ -338,20 +338,19 @@ def run(
     stop_serving = metrics.serve(settings.ingest.metrics_host, settings.ingest.metrics_port)
     own_session = spark is None
     spark = spark or build_session(settings)
-    listener, listening = _ProgressListener(metrics), False
+    listener = _ProgressListener(metrics)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     files = HadoopFiles(spark, settings.ingest.checkpoint_uri)
     lock = CheckpointLock(files, settings.ingest.checkpoint_lease_ttl_s)
     try:
+        spark.streams.addListener(listener)  # first in the try: the finally always removes it
         lock.acquire()
         claim_checkpoint(files, settings)
         guard_checkpoint(settings, files)
         tables = LakeTables(spark, settings)
         tables.ensure(on_created=lambda name: faults.crash_if("after_create", name))
         writer = BatchWriter(spark, settings, tables, metrics, faults, lock.check)
-        spark.streams.addListener(listener)
-        listening = True
         try:
             query = start_query(spark, settings, writer, available_now)
         except Exception as e:
@@ -371,8 +370,7 @@ def run(
             signal.signal(sig, handler)
         metrics.up.set(0)
         lock.release()
-        if listening:
-            spark.streams.removeListener(listener)
+        spark.streams.removeListener(listener)
         stop_serving()
         if own_session:
             spark.stop()
