@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pyspark
 
@@ -39,8 +41,8 @@ MASTER_PROPERTIES = {
     "spark.master.rest.enabled": "false",  # no REST submission server (it would listen on 6066)
 }
 WORKER_PROPERTIES = {
-    # Every application's executor fetches its own copy of the jars (~750 MB with the S3A bundle) into
-    # <work>/<app-id>/; delete the dirs of finished applications after a day (Spark's default: 7 days).
+    # Delete the dirs of finished applications (executor logs; the jars too, for a driver that sends them:
+    # ~750 MB without spark.preinstalled_jars) after a day (Spark's default: 7 days).
     "spark.worker.cleanup.enabled": "true",
     "spark.worker.cleanup.appDataTtl": str(24 * 3600),
 }
@@ -92,6 +94,8 @@ def job_env(settings: Settings) -> dict[str, str]:
     """The environment overrides that point `iotlake ingest` at this cluster, its driver on loopback too."""
     return {
         "IOTLAKE_SPARK__MASTER": master_url(settings),
+        # The worker is on this host: its executors load the jars from the same Ivy cache, nothing is copied.
+        "IOTLAKE_SPARK__PREINSTALLED_JARS": "true",
         "IOTLAKE_SPARK__CONF__spark.driver.host": HOST,
         "IOTLAKE_SPARK__CONF__spark.driver.bindAddress": HOST,
     }
@@ -154,6 +158,45 @@ def worker_argv(settings: Settings, layout: StackLayout) -> list[str]:
         str(layout.spark_home / "worker.conf"),
         master_url(settings),
     ]
+
+
+# The container entry point's source of the secret (docker-compose.yml sets it from .env); the daemon never gets it.
+AUTH_SECRET_ENV = "IOTLAKE_SPARK__AUTH_SECRET"
+ROLE_CLASSES = {"master": MASTER_CLASS, "worker": WORKER_CLASS}
+
+
+def container_daemon(
+    role: str, args: Sequence[str], env: Mapping[str, str], folder: Path
+) -> tuple[list[str], dict[str, str]]:
+    """The compose spark-master / spark-worker command: (argv, environment) for spark-class with
+    spark.authenticate on, its secret moved from the environment into a 0600 properties file in `folder`.
+
+    The secret is on no command line and not in the daemon's environment; the worker hands it to its
+    executors as Spark does. Without a secret the daemon does not start: it would run any local user's code.
+    """
+    secret = env.get(AUTH_SECRET_ENV)
+    if not secret:
+        raise StackError(
+            f"{AUTH_SECRET_ENV} is not set: the Spark {role} refuses to run without spark.authenticate. Run "
+            "`make secrets` (it generates IOTLAKE_SPARK_AUTH_SECRET into .env) and start the spark-cluster "
+            "profile again."
+        )
+    props = {**(MASTER_PROPERTIES if role == "master" else WORKER_PROPERTIES), **auth_properties(secret)}
+    path = folder / f"{role}.conf"
+    _write_properties(path, props)
+    argv = [str(spark_class()), ROLE_CLASSES[role], "--properties-file", str(path), *args]
+    return argv, {k: v for k, v in env.items() if k != AUTH_SECRET_ENV}
+
+
+def exec_container_daemon(role: str, args: Sequence[str]) -> NoReturn:
+    """Replace this process with the authenticated Spark daemon (container_daemon)."""
+    folder = Path(tempfile.mkdtemp(prefix="iotlake-spark-"))  # mode 0700
+    try:
+        argv, env = container_daemon(role, args, os.environ, folder)
+    except StackError:
+        folder.rmdir()
+        raise
+    os.execve(argv[0], argv, env)
 
 
 def daemon_env(layout: StackLayout, java: Path) -> dict[str, str]:

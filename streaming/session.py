@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -12,11 +13,13 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import pyspark
 from pyspark.sql import SparkSession
 
 from streaming.config import Settings, resolve_path
-from streaming.errors import CredentialsError, JavaMissingError
+from streaming.errors import ConfigError, CredentialsError, JavaMissingError
 from streaming.logstore import HADOOP_VERSION, ensure_jar, log_store_conf, needs_jar
 
 SCALA = "2.13"
@@ -141,8 +144,12 @@ def build_session(
         jar, _ = ensure_jar(settings)
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name or settings.spark.app_name)
     conf, hidden = split_credentials(session_conf(settings, extra_conf, jar))
+    preinstalled = uses_preinstalled_jars(settings)
+    if preinstalled:
+        conf.update(preinstalled_classpath(settings, jar))
     submit: list[str] = []
-    jars = conf.pop("spark.jars", None)
+    on_classpath = {str(jar)} if preinstalled else set()
+    jars = ",".join(j for j in conf.pop("spark.jars", "").split(",") if j.strip() and j not in on_classpath)
     if jars:
         # spark-submit merges --jars with the resolved spark.jars.packages into spark.jars. A spark.jars set on
         # the builder would replace that list once the context starts, and executors on a cluster would then
@@ -150,8 +157,10 @@ def build_session(
         submit += ["--jars", jars]
     for key, value in conf.items():
         builder = builder.config(key, value)
+    if not preinstalled:
+        builder = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES))
     with _auth_properties(settings) as properties, _submit_args(submit, properties):
-        spark = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES)).getOrCreate()
+        spark = builder.getOrCreate()
     hadoop_conf = spark._jsc.hadoopConfiguration()
     for key, value in {**credentials, **hidden}.items():  # config's spark.conf overrides the storage keys
         hadoop_conf.set(key, value)
@@ -194,22 +203,76 @@ def _auth_properties(settings: Settings) -> Iterator[Path | None]:
         yield path
 
 
+def uses_preinstalled_jars(settings: Settings) -> bool:
+    return settings.spark.preinstalled_jars and settings.spark.master.startswith("spark://")
+
+
 def jars_marker(settings: Settings) -> Path:
-    """A file in the Ivy cache saying these exact packages were resolved there once."""
+    """A file in the Ivy cache listing the jars these exact packages resolved to (JSON), once resolved there."""
     digest = hashlib.sha256(" ".join(sorted(EXTRA_PACKAGES)).encode()).hexdigest()[:12]
     return resolve_path(settings.spark.ivy_cache) / f"iotlake-resolved-{SPARK_VERSION}-{digest}"
 
 
+def resolved_jars(settings: Settings) -> list[Path] | None:
+    """The jars recorded by resolve_jars, or None when they were never resolved (or a file is gone)."""
+    try:
+        jars = [Path(p) for p in json.loads(jars_marker(settings).read_text())]
+    except (OSError, ValueError, TypeError):
+        return None
+    return jars if jars and all(p.is_file() for p in jars) else None
+
+
+def artifact(jar: Path, ivy: bool = False) -> str:
+    """A jar's artifact name without version (and, for Ivy's `<group>_<artifact>-<version>.jar`, group): `jackson-core`
+    for Ivy's `com.fasterxml.jackson.core_jackson-core-2.13.5.jar` and for pyspark's `jackson-core-2.18.2.jar`."""
+    name = re.sub(r"-\d+(\.\d+)*([.-][A-Za-z0-9]+)*\.jar$", "", jar.name)
+    return name.split("_", 1)[1] if ivy else name
+
+
+def preinstalled_classpath(settings: Settings, log_store_jar: Path | None) -> dict[str, str]:
+    """Driver and executor class path from the resolved jars (spark.preinstalled_jars), for a cluster whose
+    workers have them at the same paths: nothing is copied to the executors.
+
+    Jars that pyspark ships itself (another version of jackson, parquet, hadoop-client...) are left out: on the
+    class path they would come before Spark's own and shadow them.
+    """
+    jars = resolved_jars(settings)
+    if jars is None:
+        raise ConfigError(
+            f"spark.preinstalled_jars is on, but the Delta, Kafka-source and S3A jars were never resolved into "
+            f"{resolve_path(settings.spark.ivy_cache)} (no list in {jars_marker(settings)}). Run `make install` "
+            "(or `python -m streaming.session`) on this host and on every worker, or set spark.preinstalled_jars "
+            "to false to send the jars with the application."
+        )
+    shipped = {artifact(p) for p in (Path(pyspark.__file__).resolve().parent / "jars").glob("*.jar")}
+    path = [str(p) for p in jars if artifact(p, ivy=True) not in shipped]
+    if log_store_jar is not None:
+        path.append(str(log_store_jar))
+    classpath = os.pathsep.join(path)
+    return {"spark.driver.extraClassPath": classpath, "spark.executor.extraClassPath": classpath}
+
+
 def resolve_jars(settings: Settings) -> bool:
-    """Download the Delta, Kafka-source and S3A jars into the Ivy cache once; False if already there."""
-    marker = jars_marker(settings)
-    if marker.exists():
+    """Download the Delta, Kafka-source and S3A jars into the Ivy cache once, and list them in the marker;
+    False if already there."""
+    if resolved_jars(settings) is not None:
         return False
-    local = replace(settings, storage=replace(settings.storage, base_uri="file:/tmp/iotlake-resolve"))
+    ivy = resolve_path(settings.spark.ivy_cache).resolve()
+    local = replace(
+        settings,
+        storage=replace(settings.storage, base_uri="file:/tmp/iotlake-resolve"),
+        spark=replace(settings.spark, master="local[1]", preinstalled_jars=False),
+    )
     spark = build_session(local, app_name="iotlake-resolve-jars")
-    spark.stop()
+    try:
+        listed = spark.sparkContext.getConf().get("spark.jars", "") or ""
+    finally:
+        spark.stop()
+    jars = [urlsplit(j).path for j in listed.split(",") if j.strip()]
+    jars = [j for j in jars if Path(j).resolve().is_relative_to(ivy)]  # not config's own spark.jars
+    marker = jars_marker(settings)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    marker.write_text(json.dumps(jars, indent=1) + "\n")
     return True
 
 

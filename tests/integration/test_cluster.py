@@ -79,6 +79,11 @@ def test_ingest_on_a_standalone_cluster_gives_the_exact_counts(
     text = "".join(p.read_text(errors="replace") for p in executor_logs)
     assert "Running task" in text and "Finished task" in text
 
+    # The executor loaded the Delta, Kafka-source and S3A jars from the worker's own copy (the same Ivy cache
+    # as the driver's, spark.preinstalled_jars): none of the ~750 MB was copied into the application's dir.
+    copied = {p.name: p.stat().st_size for p in app_dir.rglob("*.jar")}
+    assert not copied, f"{sum(copied.values()) / 2**20:.0f} MB of jars copied into {app_dir}: {sorted(copied)[:5]}"
+
     # The cluster authenticates every connection; its secret is in 0600 files, on no command line.
     secret = read_secrets_file(Path(env["IOTLAKE_STORAGE__SECRETS_FILE"]))[sec.SPARK_AUTH_SECRET]
     assert cluster_settings.spark.auth_secret == secret

@@ -23,6 +23,7 @@ import sys
 import threading
 import tomllib
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from stack import secrets as sec
 from stack.layout import StackLayout
 from streaming.config import PROJECT_ROOT, Settings, load_settings
 from streaming.errors import StackError
+from streaming.session import uses_preinstalled_jars
 from tests.helpers import free_port_pair
 
 pytestmark = pytest.mark.unit
@@ -240,23 +242,64 @@ def _spark_usage(cls: str) -> subprocess.Popen[str]:
     )
 
 
+def _daemon(svc: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """(role, spark-class arguments) of a spark-cluster service's `python -m stack spark-daemon ROLE ARGS...`."""
+    command = [str(a) for a in svc["command"]]
+    assert command[:4] == ["python", "-m", "stack", "spark-daemon"], command
+    return command[4], command[5:]
+
+
 def test_spark_cluster_commands_use_real_classes_and_flags(services: dict[str, dict[str, Any]]) -> None:
     """spark-class's own usage text (Spark's argument parsers) lists every flag the services pass."""
-    commands = {name: services[name]["command"] for name in ("spark-master", "spark-worker")}
-    procs = {name: _spark_usage(cmd[1]) for name, cmd in commands.items() if cmd[0] == "spark-class"}
-    assert set(procs) == set(commands)
+    from stack import spark_cluster
+
+    daemons = {name: _daemon(services[name]) for name in ("spark-master", "spark-worker")}
+    assert {role for role, _ in daemons.values()} == {"master", "worker"}
+    procs = {name: _spark_usage(spark_cluster.ROLE_CLASSES[role]) for name, (role, _) in daemons.items()}
     for name, proc in procs.items():
+        role, args = daemons[name]
         out, _ = proc.communicate(timeout=120)
-        assert "Usage:" in out, f"{commands[name][1]} is not a Spark main class:\n{out[-2000:]}"
+        assert "Usage:" in out, f"{spark_cluster.ROLE_CLASSES[role]} is not a Spark main class:\n{out[-2000:]}"
         known = set(re.findall(r"(--[a-z][a-z-]*)", out.split("Options:", 1)[1]))
-        used = {a for a in commands[name] if a.startswith("--")}
-        assert used <= known, f"{name}: {sorted(used - known)} not accepted by {commands[name][1]}"
-    master = commands["spark-master"]
+        used = {a for a in args if a.startswith("--")} | {"--properties-file"}  # spark-daemon adds the last
+        assert used <= known, f"{name}: {sorted(used - known)} not accepted by {spark_cluster.ROLE_CLASSES[role]}"
+    master = daemons["spark-master"][1]
     url = f"spark://{master[master.index('--host') + 1]}:{master[master.index('--port') + 1]}"
-    assert commands["spark-worker"][-1] == url
+    assert daemons["spark-worker"][1][-1] == url
     ingest_master = services["ingest"]["environment"]["IOTLAKE_SPARK__MASTER"]
     assert ingest_master == "local[2]", "the default stays local; README tells how to submit to the cluster"
     assert "spark://spark-master:7077" in compose.ENV_EXAMPLE.read_text()
+
+
+def test_the_spark_cluster_profile_authenticates_with_a_generated_secret(
+    services: dict[str, dict[str, Any]], env: dict[str, str], tmp_path: Path
+) -> None:
+    """Master, worker and the ingest driver share the generated spark.authenticate secret from .env; each daemon
+    gets it in a 0600 properties file, not on its command line or in its environment."""
+    from stack import spark_cluster
+
+    secret = env[sec.SPARK_AUTH_SECRET]
+    assert len(secret) >= 32
+    for name in ("spark-master", "spark-worker", "ingest"):
+        assert services[name]["environment"][spark_cluster.AUTH_SECRET_ENV] == secret, name
+    ingest = settings_for(services["ingest"])
+    cluster = replace(ingest, spark=replace(ingest.spark, master="spark://spark-master:7077"))
+    assert cluster.spark.auth_secret == secret and uses_preinstalled_jars(cluster)
+    for name in ("spark-master", "spark-worker"):
+        role, args = _daemon(services[name])
+        folder = tmp_path / role
+        folder.mkdir()
+        argv, child_env = spark_cluster.container_daemon(role, args, services[name]["environment"], folder)
+        assert argv[1] == spark_cluster.ROLE_CLASSES[role] and argv[-len(args) :] == args
+        assert secret not in " ".join(argv) and secret not in json.dumps(child_env), name
+        conf = Path(argv[argv.index("--properties-file") + 1])
+        assert conf.parent == folder and stat.S_IMODE(conf.stat().st_mode) == 0o600
+        props = dict(line.split(" ", 1) for line in conf.read_text().splitlines() if not line.startswith("#"))
+        assert props["spark.authenticate"] == "true" and props["spark.authenticate.secret"] == secret
+        if role == "worker":  # the native worker's work-dir cleanup too
+            assert spark_cluster.WORKER_PROPERTIES.items() <= props.items()
+    with pytest.raises(StackError, match="make secrets"):
+        spark_cluster.container_daemon("master", [], {}, tmp_path)
 
 
 # --- environment against the config the app reads -----------------------------------------------------
@@ -301,12 +344,11 @@ def test_minio_init_gets_exactly_the_bootstrap_secrets(
 
 def test_other_variables_are_ones_the_programs_read(services: dict[str, dict[str, Any]]) -> None:
     """Non-IOTLAKE_* variables of app services: MinIO bootstrap names, sensor-sim's [env: ...] fallbacks, or
-    the Spark worker's SPARK_WORKER_OPTS (its launch command shows spark-class reads it: see
-    test_compose_spark_worker_cleans_its_work_dir_like_the_native_one)."""
+    nothing else."""
     sim_envs = {sim_cli.env_name(flag) for flag in option_strings(sim_cli.build_parser({})) if flag.startswith("--")}
     for name, svc in app_services(services).items():
         for key in svc.get("environment") or {}:
-            if key.startswith("IOTLAKE_") or key in sec.NAMES or (name, key) == ("spark-worker", "SPARK_WORKER_OPTS"):
+            if key.startswith("IOTLAKE_") or key in sec.NAMES:
                 continue
             assert key.startswith("SENSOR_SIM_"), f"{name}: {key} is read by no program"
             flag = "--" + key[len("SENSOR_SIM_") :].lower().replace("_", "-")
@@ -665,35 +707,10 @@ def test_maintain_reads_the_ingest_checkpoint_read_only(services: dict[str, dict
     assert read["source"] == written["source"] and read.get("read_only") is True, read
 
 
-def test_compose_spark_worker_cleans_its_work_dir_like_the_native_one(services: dict[str, dict[str, Any]]) -> None:
-    """Every application's executors copy the jars (~750 MB) into the work dir: finished ones must go."""
-    from stack import spark_cluster
-
-    worker = services["spark-worker"]
-    opts = str((worker.get("environment") or {}).get("SPARK_WORKER_OPTS", ""))
-    flags = dict(re.findall(r"-D(spark\.[\w.]+)=(\S+)", opts))
-    for key, value in spark_cluster.WORKER_PROPERTIES.items():
-        assert flags.get(key) == value, f"spark-worker lacks -D{key}={value} (the native worker has it)"
-    # spark-class itself hands SPARK_WORKER_OPTS to the Worker's JVM (its launch command, printed).
-    bin_dir = Path(sys.executable).parent
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-        "SPARK_WORKER_OPTS": opts,
-        "SPARK_PRINT_LAUNCH_COMMAND": "1",
-    }
-    done = subprocess.run(
-        [str(bin_dir / "spark-class"), "org.apache.spark.deploy.worker.Worker", "--help"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    launch = next((line for line in (done.stdout + done.stderr).splitlines() if "Spark Command:" in line), "")
-    for key, value in flags.items():
-        assert f"-D{key}={value}" in launch, f"not in the Worker's launch command: {launch[:500]}"
-    # The work dir on a named volume, not in the container's writable layer.
-    command = [str(a) for a in worker["command"]]
-    work_dir = command[command.index("--work-dir") + 1]
-    assert _volume_holding(worker, work_dir) is not None, f"{work_dir} is not on a volume"
+def test_compose_spark_worker_keeps_its_work_dir_on_a_volume(services: dict[str, dict[str, Any]]) -> None:
+    """Executor logs (and the jars of a driver that sends them) go to the work dir: on a named volume, not in
+    the container's writable layer; finished applications' dirs are deleted (the authentication test checks the
+    worker's cleanup properties)."""
+    _, args = _daemon(services["spark-worker"])
+    work_dir = args[args.index("--work-dir") + 1]
+    assert _volume_holding(services["spark-worker"], work_dir) is not None, f"{work_dir} is not on a volume"

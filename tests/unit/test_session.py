@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -9,14 +10,19 @@ from pathlib import Path
 import pytest
 
 from streaming.config import load_settings
-from streaming.errors import CredentialsError
+from streaming.errors import ConfigError, CredentialsError
 from streaming.session import (
     SUBMIT_ARGS,
     _auth_properties,
     _submit_args,
+    artifact,
+    jars_marker,
+    preinstalled_classpath,
+    resolved_jars,
     session_conf,
     split_credentials,
     storage_credentials,
+    uses_preinstalled_jars,
 )
 
 pytestmark = pytest.mark.unit
@@ -95,3 +101,52 @@ def test_submit_args_are_set_for_the_launch_only(tmp_path: Path, monkeypatch: py
     with _submit_args([], None):
         assert os.environ[SUBMIT_ARGS] == "pyspark-shell"
     assert os.environ[SUBMIT_ARGS] == "--verbose pyspark-shell"
+
+
+def _ivy_jars(folder: Path, names: list[str]) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"PK")
+    return [folder / n for n in names]
+
+
+def test_preinstalled_jars_put_the_resolved_jars_on_both_class_paths_except_what_pyspark_ships(
+    tmp_path: Path,
+) -> None:
+    """A cluster whose workers hold the Ivy cache: executors load the jars from it; Ivy's older jackson and
+    parquet (pyspark ships its own) stay off the class path, where they would come before Spark's."""
+    env = {"IOTLAKE_SPARK__IVY_CACHE": str(tmp_path / "ivy"), "IOTLAKE_SPARK__MASTER": "spark://h:7077"}
+    settings = load_settings(env={**env, "IOTLAKE_SPARK__PREINSTALLED_JARS": "true"})
+    assert uses_preinstalled_jars(settings)
+    assert not uses_preinstalled_jars(load_settings(env=env))  # off by default: the jars go with the app
+    local = load_settings(env={**env, "IOTLAKE_SPARK__MASTER": "local[2]", "IOTLAKE_SPARK__PREINSTALLED_JARS": "true"})
+    assert not uses_preinstalled_jars(local)
+    with pytest.raises(ConfigError, match="make install"):
+        preinstalled_classpath(settings, None)  # never resolved: no list to load
+
+    ours = ["io.delta_delta-spark_4.2_2.13-4.4.0.jar", "software.amazon.awssdk_bundle-2.35.4.jar"]
+    shipped = ["com.fasterxml.jackson.core_jackson-core-2.13.5.jar", "org.apache.parquet_parquet-column-1.16.0.jar"]
+    jars = _ivy_jars(tmp_path / "ivy" / "jars", [*ours, *shipped])
+    jars_marker(settings).write_text(json.dumps([str(p) for p in jars]))
+    assert resolved_jars(settings) == jars
+    log_store = tmp_path / "iotlake-logstore-0.jar"
+    conf = preinstalled_classpath(settings, log_store)
+    expected = os.pathsep.join([*(str(tmp_path / "ivy" / "jars" / n) for n in ours), str(log_store)])
+    assert conf == {"spark.driver.extraClassPath": expected, "spark.executor.extraClassPath": expected}
+
+    jars[0].unlink()  # a cache cleared since: resolve again rather than start executors without Delta
+    assert resolved_jars(settings) is None
+
+
+def test_artifact_names_match_across_ivy_and_pyspark_jar_names() -> None:
+    cases = {
+        ("com.fasterxml.jackson.core_jackson-core-2.13.5.jar", True): "jackson-core",
+        ("jackson-core-2.18.2.jar", False): "jackson-core",
+        ("org.apache.spark_spark-sql-kafka-0-10_2.13-4.2.0.jar", True): "spark-sql-kafka-0-10_2.13",
+        ("com.github.luben_zstd-jni-1.5.7-3.jar", True): "zstd-jni",
+        ("zstd-jni-1.5.6-10.jar", False): "zstd-jni",
+        ("org.wildfly.openssl_wildfly-openssl-2.2.5.Final.jar", True): "wildfly-openssl",
+        ("commons-pool_commons-pool-1.6.jar", True): "commons-pool",
+        ("scala-parallel-collections_2.13-1.2.0.jar", False): "scala-parallel-collections_2.13",
+    }
+    assert {key: artifact(Path(key[0]), ivy=key[1]) for key in cases} == cases
