@@ -11,7 +11,7 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from streaming.rules import Rules, reasons_and_action
+from streaming.rules import Rules, action_of, reason_codes
 from streaming.schema import (
     CORRUPT,
     DEVICE_STATE_COLUMNS,
@@ -73,8 +73,8 @@ def validate(raw: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
             F.when(F.col(f"typed.{CORRUPT}").isNotNull(), F.from_json("value_text", text_event_schema(extra))),
         )
     )
-    reasons, action = reasons_and_action(rules, info.now_ms)
-    validated = parsed.withColumn("reasons", reasons).withColumn("action", action)
+    validated = parsed.withColumn("reasons", reason_codes(rules, info.now_ms))
+    validated = validated.withColumn("action", action_of(rules, F.col("reasons")))
     if rules.allow_new_fields:
         known = F.array(*[F.lit(n) for n in rules.known_fields])
         validated = validated.withColumn(

@@ -6,16 +6,14 @@ most severe action among its reasons: fail > quarantine > drop > warn > ok.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from streaming.config import Range, Settings
+from streaming.config import ALL_RULES, Range, Settings
 from streaming.schema import CORRUPT, EVENT_FIELD_NAMES, EVENT_FIELDS
 from streaming.schema import Column as SchemaColumn
 
@@ -65,22 +63,15 @@ class Rules:
         return self.actions.get(rule, "quarantine")
 
 
-def reasons_and_action(rules: Rules, now_ms: int) -> tuple[Column, Column]:
-    """(array<string> of every failed rule, the record's action), from the columns value, value_text, json_keys,
-    typed, text.
+def _code(condition: Column, code: str) -> Column:
+    return F.when(condition, F.lit(code))
 
-    The checks are gated so one defect yields one reason: a non-JSON value is not also missing fields. The action
-    is the most severe of the failed rules' actions ('ok' when none failed), taken from the same conditions rather
-    than from the codes: no lambda over the array, so Spark compiles the whole expression instead of interpreting
-    it row by row (a higher-order function is evaluated without code generation, and with it every expression
-    inside it).
+
+def reason_codes(rules: Rules, now_ms: int) -> Column:
+    """array<string> of every failed rule, from the columns value, value_text, json_keys, typed, text.
+
+    The checks are gated so one defect yields one reason: a non-JSON value is not also missing fields.
     """
-    checks: list[tuple[Column, str]] = []  # (condition, reason code)
-
-    def _code(condition: Column, code: str) -> Column:
-        checks.append((condition, code))
-        return F.when(condition, F.lit(code))
-
     typed, text = F.col("typed"), F.col("text")
     size = F.coalesce(F.length(F.col("value")), F.lit(0))
     gate_decoded = size.between(1, rules.max_message_bytes) & F.col("value_text").isNotNull()
@@ -91,11 +82,13 @@ def reasons_and_action(rules: Rules, now_ms: int) -> tuple[Column, Column]:
         _code(size == 0, "empty_value"),
         _code(size > rules.max_message_bytes, "message_too_large"),
         _code((size.between(1, rules.max_message_bytes)) & F.col("value_text").isNull(), "invalid_utf8"),
-        # Only rows that are not a JSON object pay for the second parse.
-        _code(
-            gate_decoded & F.col("json_keys").isNull() & F.try_parse_json("value_text").isNotNull(), "not_json_object"
+        F.when(
+            gate_decoded & F.col("json_keys").isNull(),
+            # Only rows that are not a JSON object pay for this second parse.
+            F.when(F.try_parse_json(F.col("value_text")).isNotNull(), F.lit("not_json_object")).otherwise(
+                F.lit("malformed_json")
+            ),
         ),
-        _code(gate_decoded & F.col("json_keys").isNull() & F.try_parse_json("value_text").isNull(), "malformed_json"),
     ]
 
     per_field: list[Column] = []
@@ -130,27 +123,28 @@ def reasons_and_action(rules: Rules, now_ms: int) -> tuple[Column, Column]:
         _code(is_object & storable & (event_time < now_ms - rules.max_lateness_ms), "event_time_too_old"),
     ]
     # A malformed object whose corruption no field explains (deep nesting, a bad token) is still malformed.
-    explained = [F.coalesce(condition, F.lit(False)) for condition, _ in checks]
-    # array_except with [null] drops the unmet checks' nulls (array_compact is a lambda: not compiled).
-    codes = F.array_except(F.array(*envelope, *per_field, *values), F.array(F.lit(None).cast("string")))
-    unexplained = is_object & corrupt & ~reduce(operator.or_, explained)
+    codes = F.array_compact(F.array(*envelope, *per_field, *values))
+    unexplained = is_object & corrupt & (F.size(codes) == 0)
     codes = F.when(unexplained, F.array(F.lit("malformed_json"))).otherwise(codes)
-    checks.append((unexplained, "malformed_json"))
-    if rules.allow_new_fields and not rules.refused_fields:
-        return codes, _worst_action(rules, checks)
     if rules.allow_new_fields:
+        if not rules.refused_fields:
+            return codes
         extra_keys = F.array_intersect(F.col("json_keys"), F.array(*[F.lit(n) for n in rules.refused_fields]))
     else:
         extra_keys = F.array_except(F.col("json_keys"), F.array(*[F.lit(n) for n in rules.known_fields]))
-    # The only lambda left runs over the few unexpected keys, never over the checks above.
     unexpected = F.transform(F.array_sort(extra_keys), lambda k: F.concat(F.lit("unexpected_field:"), k))
-    checks.append((is_object & (F.size(extra_keys) > 0), "unexpected_field"))
-    return F.when(is_object, F.concat(codes, unexpected)).otherwise(codes), _worst_action(rules, checks)
+    return F.when(is_object, F.concat(codes, unexpected)).otherwise(codes)
 
 
-def _worst_action(rules: Rules, checks: list[tuple[Column, str]]) -> Column:
-    """The most severe action among the failed checks' rules ('ok' when none failed)."""
-    severity = [F.when(condition, F.lit(SEVERITY[rules.action(code.split(":")[0])])) for condition, code in checks]
-    worst = F.greatest(F.lit(SEVERITY["ok"]), *severity)
+def action_of(rules: Rules, reasons: Column) -> Column:
+    """The most severe action among the reasons ('ok' when there are none)."""
+    rank_by_rule = F.create_map(
+        *[item for rule in sorted(ALL_RULES) for item in (F.lit(rule), F.lit(SEVERITY[rules.action(rule)]))]
+    )
+    quarantine = F.lit(SEVERITY["quarantine"])
+    ranks = F.transform(
+        reasons, lambda code: F.coalesce(F.element_at(rank_by_rule, F.split(code, ":", 2)[0]), quarantine)
+    )
+    worst = F.coalesce(F.array_max(ranks), F.lit(SEVERITY["ok"]))
     names = F.array(*[F.lit(ACTION_BY_SEVERITY[i]) for i in range(len(ACTION_BY_SEVERITY))])
     return F.element_at(names, worst + 1)
