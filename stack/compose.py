@@ -66,8 +66,8 @@ def generate_values(generate: Mapping[str, str] | None = None) -> dict[str, str]
     from stack.kafka import new_cluster_id
 
     values = dict(generate or sec.generate())
-    values.setdefault(GRAFANA_ADMIN_PASSWORD, sec.generate()[sec.ROOT_PASSWORD])
-    values.setdefault(sec.SPARK_AUTH_SECRET, sec.generate()[sec.ROOT_PASSWORD])
+    values.setdefault(GRAFANA_ADMIN_PASSWORD, sec.new_secret())
+    values.setdefault(sec.SPARK_AUTH_SECRET, sec.new_secret())
     values.setdefault(KAFKA_CLUSTER_ID, new_cluster_id())
     return values
 

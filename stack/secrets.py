@@ -42,6 +42,11 @@ def _token(alphabet: str, length: int) -> str:
     return "".join(_random.choice(alphabet) for _ in range(length))
 
 
+def new_secret() -> str:
+    """One fresh random secret (40 letters and digits), for names beyond NAMES."""
+    return _token(_SECRET_ALPHABET, SECRET_KEY_LENGTH)
+
+
 def generate() -> dict[str, str]:
     """Fresh random values for every name (access keys: 20 upper-case letters and digits; secrets: 40)."""
     out = {}
@@ -49,7 +54,7 @@ def generate() -> dict[str, str]:
         if name in ACCESS_KEYS:
             out[name] = _token(_ACCESS_ALPHABET, ACCESS_KEY_LENGTH)
         else:
-            out[name] = _token(_SECRET_ALPHABET, SECRET_KEY_LENGTH)
+            out[name] = new_secret()
     return out
 
 
@@ -72,7 +77,7 @@ def ensure_secrets_file(path: Path, extra: tuple[str, ...] = ()) -> dict[str, st
     if path.exists() and not missing:
         _restrict(path)
         return {n: existing[n] for n in wanted}
-    fresh = {**generate(), **{n: _token(_SECRET_ALPHABET, SECRET_KEY_LENGTH) for n in extra}}
+    fresh = {**generate(), **{n: new_secret() for n in extra}}
     values = {**fresh, **{k: v for k, v in existing.items() if v}}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -144,17 +144,17 @@ def build_session(
         jar, _ = ensure_jar(settings)
     builder = SparkSession.builder.master(settings.spark.master).appName(app_name or settings.spark.app_name)
     conf, hidden = split_credentials(session_conf(settings, extra_conf, jar))
+    jars = [j for j in conf.pop("spark.jars", "").split(",") if j.strip()]
     preinstalled = uses_preinstalled_jars(settings)
-    if preinstalled:
+    if preinstalled:  # the resolved jars and the log store go on the class path: nothing is sent to executors
         conf.update(preinstalled_classpath(settings, jar))
+        jars = [j for j in jars if j != str(jar)]
     submit: list[str] = []
-    on_classpath = {str(jar)} if preinstalled else set()
-    jars = ",".join(j for j in conf.pop("spark.jars", "").split(",") if j.strip() and j not in on_classpath)
     if jars:
         # spark-submit merges --jars with the resolved spark.jars.packages into spark.jars. A spark.jars set on
         # the builder would replace that list once the context starts, and executors on a cluster would then
         # miss the packages (the Kafka source). So the jars go on the launch command instead.
-        submit += ["--jars", jars]
+        submit += ["--jars", ",".join(jars)]
     for key, value in conf.items():
         builder = builder.config(key, value)
     if not preinstalled:
