@@ -11,7 +11,7 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from streaming.rules import Rules, action_of, reason_codes
+from streaming.rules import Rules, action_of, check_codes, reason_codes
 from streaming.schema import (
     CORRUPT,
     DEVICE_STATE_COLUMNS,
@@ -73,7 +73,9 @@ def validate(raw: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
             F.when(F.col(f"typed.{CORRUPT}").isNotNull(), F.from_json("value_text", text_event_schema(extra))),
         )
     )
-    validated = parsed.withColumn("reasons", reason_codes(rules, info.now_ms))
+    # Two projections: the checks compile; the lambda over unexpected keys stays out of theirs.
+    validated = parsed.withColumn("reasons", check_codes(rules, info.now_ms))
+    validated = validated.withColumn("reasons", reason_codes(rules, F.col("reasons")))
     validated = validated.withColumn("action", action_of(rules, F.col("reasons")))
     if rules.allow_new_fields:
         known = F.array(*[F.lit(n) for n in rules.known_fields])

@@ -67,14 +67,25 @@ def _code(condition: Column, code: str) -> Column:
     return F.when(condition, F.lit(code))
 
 
-def reason_codes(rules: Rules, now_ms: int) -> Column:
-    """array<string> of every failed rule, from the columns value, value_text, json_keys, typed, text.
+def _size() -> Column:
+    return F.coalesce(F.length(F.col("value")), F.lit(0))
 
-    The checks are gated so one defect yields one reason: a non-JSON value is not also missing fields.
+
+def _decoded(rules: Rules) -> Column:
+    """The value is within the size limit and valid UTF-8 (value_text holds it)."""
+    return _size().between(1, rules.max_message_bytes) & F.col("value_text").isNotNull()
+
+
+def check_codes(rules: Rules, now_ms: int) -> Column:
+    """array<string> of every failed check but unexpected fields, from value, value_text, json_keys, typed, text.
+
+    The checks are gated so one defect yields one reason: a non-JSON value is not also missing fields. No lambda
+    (higher-order function) may wrap them, nor stand in the projection that computes them: Spark evaluates such a
+    projection row by row without generated code, and these are about 40 conditions a row.
     """
     typed, text = F.col("typed"), F.col("text")
-    size = F.coalesce(F.length(F.col("value")), F.lit(0))
-    gate_decoded = size.between(1, rules.max_message_bytes) & F.col("value_text").isNotNull()
+    size = _size()
+    gate_decoded = _decoded(rules)
     is_object = gate_decoded & F.col("json_keys").isNotNull()
     corrupt = typed[CORRUPT].isNotNull()
 
@@ -123,9 +134,17 @@ def reason_codes(rules: Rules, now_ms: int) -> Column:
         _code(is_object & storable & (event_time < now_ms - rules.max_lateness_ms), "event_time_too_old"),
     ]
     # A malformed object whose corruption no field explains (deep nesting, a bad token) is still malformed.
-    codes = F.array_compact(F.array(*envelope, *per_field, *values))
+    codes = compact(F.array(*envelope, *per_field, *values))
     unexplained = is_object & corrupt & (F.size(codes) == 0)
-    codes = F.when(unexplained, F.array(F.lit("malformed_json"))).otherwise(codes)
+    return F.when(unexplained, F.array(F.lit("malformed_json"))).otherwise(codes)
+
+
+def reason_codes(rules: Rules, codes: Column) -> Column:
+    """The check codes plus `unexpected_field:<key>` for each unexpected key of a JSON object, sorted.
+
+    The one lambda of validation, over the few unexpected keys: a projection of its own, after check_codes'.
+    """
+    is_object = _decoded(rules) & F.col("json_keys").isNotNull()
     if rules.allow_new_fields:
         if not rules.refused_fields:
             return codes
@@ -134,6 +153,15 @@ def reason_codes(rules: Rules, now_ms: int) -> Column:
         extra_keys = F.array_except(F.col("json_keys"), F.array(*[F.lit(n) for n in rules.known_fields]))
     unexpected = F.transform(F.array_sort(extra_keys), lambda k: F.concat(F.lit("unexpected_field:"), k))
     return F.when(is_object, F.concat(codes, unexpected)).otherwise(codes)
+
+
+def compact(codes: Column) -> Column:
+    """The array without its nulls (the unmet checks), in order.
+
+    Not `array_compact`: that is a lambda (`filter`), which Spark evaluates row by row without generated code,
+    and with it every check inside its argument. `array_except` compiles; codes never repeat, so its dedup is moot.
+    """
+    return F.array_except(codes, F.array(F.lit(None).cast("string")))
 
 
 def action_of(rules: Rules, reasons: Column) -> Column:

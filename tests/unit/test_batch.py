@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from datetime import UTC, date, datetime
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from streaming import batch
 from streaming.config import Settings, load_settings
-from streaming.rules import Rules
+from streaming.rules import Rules, compact
 
 pytestmark = pytest.mark.unit
 
@@ -315,3 +317,30 @@ def test_a_failing_rule_is_reported_with_an_example_reason(spark: SparkSession, 
     stats = batch.summarize(batch.batch_stats(batch.validate(kafka_rows(spark, values), rules, INFO)).collect(), rules)
     ((reason, count),) = stats.failed.items()
     assert reason.startswith("unexpected_field:odd_") and count == 3
+
+
+def test_the_checks_run_in_generated_code(spark: SparkSession, rules: Rules) -> None:
+    """Spark evaluates a projection that holds a lambda (higher-order function, e.g. array_compact's `filter`)
+    row by row without generated code, and with it every expression of that projection: the ~40 checks of a
+    row must sit in a projection that whole-stage code generation (`*(n)` in the plan) compiles."""
+    validated = batch.validate(kafka_rows(spark, [encode(event()), encode(event(wind_ms=1.0))]), rules, INFO)
+    plan = validated._jdf.queryExecution().executedPlan().toString()
+    checks = [line for line in plan.splitlines() if "missing_field:device_id" in line]
+    assert checks, plan[:2000]
+    assert all(re.match(r"^[\s:+-]*\*\(\d+\) Project", line) for line in checks), [c[:200] for c in checks]
+    assert "unexpected_field:" in plan  # the lambda over unexpected keys is still there, in a projection of its own
+    assert [list(r.reasons) for r in validated.orderBy("offset").collect()] == [[], ["unexpected_field:wind_ms"]]
+
+
+def test_compact_drops_nulls_and_keeps_order(spark: SparkSession) -> None:
+    row = (
+        spark.range(1)
+        .select(
+            compact(F.array(F.lit("b"), F.lit(None).cast("string"), F.lit("a"), F.lit(None).cast("string"))).alias("c"),
+            compact(F.array(F.lit(None).cast("string"))).alias("empty"),
+        )
+        .first()
+    )
+    assert row is not None
+    assert list(row["c"]) == ["b", "a"]
+    assert list(row["empty"]) == []
