@@ -41,12 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-confluent-count", type=int, help="messages per confluent run (default 500000)")
     p.add_argument("--sim-kafka-python-count", type=int, help="messages per kafka-python run (default 100000)")
     p.add_argument("--sim-repeats", type=int, help="runs per backend, median reported (default 3)")
-    p.add_argument("--sustained-events", type=int, help="messages preloaded for the sustained run (default 1000000)")
+    p.add_argument("--sustained-events", type=int, help="messages preloaded for the sustained run (default 2000000)")
     p.add_argument("--max-offsets-per-trigger", type=int, help="sustained run's batch cap (default 250000)")
     p.add_argument("--latency-rate", type=int, help="events/s for the latency run (default 5000)")
     p.add_argument("--latency-duration", type=float, help="seconds of traffic for the latency run (default 90)")
     p.add_argument("--latency-warmup", type=float, help="seconds of first rows left out (default 10)")
-    p.add_argument("--trigger-interval", help="latency run's trigger interval (default '1 second')")
+    p.add_argument("--trigger-interval", help="latency run's trigger interval (default: the service's, ingest.trigger_interval)")
     p.add_argument("--merge-sizes", help="table sizes, comma list (default 1000000,10000000)")
     p.add_argument("--merge-batch", type=int, help="rows per MERGE batch (default 250000)")
     p.add_argument("--merge-runs", type=int, help="timed runs per size and kind, median reported (default 3)")
@@ -108,6 +108,8 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
         "simulator_msgs_per_s": get("simulator", "msgs_per_s"),
         "sustained_events_per_s": get("sustained", "steady_events_per_s"),
         "sustained_total_events_per_s": get("sustained", "total_events_per_s"),
+        "floor_append_events_per_s": get("sustained", "floor_append_events_per_s"),
+        "sustained_over_floor": get("sustained", "sustained_over_floor"),
         "latency_p50_s": get("latency", "latency_p50_s"),
         "latency_p99_s": get("latency", "latency_p99_s"),
         "merge_time_ratio_10m_over_1m": get("merge", "literal_ratio"),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,12 +27,13 @@ PRELOAD_KEYS = ("sent_total", "valid_distinct", "duplicates", "malformed_total",
 
 @dataclass(frozen=True)
 class SustainedParams:
-    events: int = 1_000_000
+    events: int = 2_000_000
     max_offsets_per_trigger: int = 250_000
     devices: int = 200
     parcels: int = 20
     seed: int = 42
     faults: bool = True
+    floor: bool = True  # also time the plain append of the same topic (bench.floor) in the same run
     timeout_s: float = 3600.0
 
 
@@ -106,6 +109,21 @@ def bound_statement(steady_cpu: float, machine_busy: float, cores: int, shares: 
     else:
         cpu = f"not CPU-bound: the job used {steady_cpu:.2f} of {cores} cores (machine {machine_busy:.2f} busy)"
     return f"{cpu}; the largest share of steady-state batch time is {top} ({shares.get(top, 0):.0%})"
+
+
+def run_floor(env: dict[str, str], workdir: Path, timeout_s: float) -> dict[str, Any]:
+    """`python -m bench.floor` on the workload's topic and storage, in its own JVM; its JSON result."""
+    argv = [sys.executable, "-m", "bench.floor", "--checkpoint", str(workdir / "floor-checkpoint")]
+    floor = Proc.spawn("floor", argv, env, workdir / "sustained-floor.log")
+    try:
+        code = floor.wait(timeout_s)
+    finally:
+        floor.stop()
+    lines = [line for line in floor.text().splitlines() if line.startswith("{")]
+    if code != 0 or not lines:
+        raise BenchError(f"python -m bench.floor exited {code}:\n{floor.tail()}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 def run_sustained(stack: BenchStack, workdir: Path, params: SustainedParams, echo: Any = print) -> dict[str, Any]:
@@ -198,4 +216,16 @@ def run_sustained(stack: BenchStack, workdir: Path, params: SustainedParams, ech
         f"sustained: {processed:,} events in {wall:.1f} s = {result['total_events_per_s']:,.0f} events/s total, "
         f"{result['steady_events_per_s']:,.0f} events/s steady (after batch 0); {result['bound']}"
     )
+    if params.floor:
+        floor = run_floor(env, workdir, params.timeout_s)
+        if floor["rows"] != processed:
+            raise BenchError(f"the floor read {floor['rows']:,} messages, the job {processed:,}; see {workdir}")
+        result["floor"] = floor
+        result["floor_append_events_per_s"] = floor["steady_events_per_s"]
+        if floor["steady_events_per_s"]:
+            result["sustained_over_floor"] = round(result["steady_events_per_s"] / floor["steady_events_per_s"], 3)
+        echo(
+            f"sustained: floor (plain append of the same topic) {floor['steady_events_per_s']:,.0f} events/s steady; "
+            f"job / floor = {result.get('sustained_over_floor')}"
+        )
     return result

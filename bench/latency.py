@@ -15,7 +15,7 @@ from bench.lake import delta_commits, readings_cdf, trigger_times
 from bench.procs import ProcSampler
 from bench.stack import BenchStack, free_port
 from bench.stats import parse_batch_lines, percentile, summarize
-from streaming.config import Settings, load_settings
+from streaming.config import IngestConfig, Settings, load_settings
 from streaming.status import stream_status
 
 
@@ -24,7 +24,7 @@ class LatencyParams:
     rate: int = 5000
     duration_s: float = 90.0
     warmup_s: float = 10.0
-    trigger_interval: str = "1 second"
+    trigger_interval: str = IngestConfig.trigger_interval  # the trigger the service ships with
     devices: int = 200
     parcels: int = 20
     faults: bool = True

@@ -28,6 +28,9 @@ TARGETS: tuple[Target, ...] = (
     Target("simulator_msgs_per_s.kafka-python", "simulator, kafka-python", "msgs/s", "(none)", lambda v: True),
     Target("sustained_events_per_s", "sustained ingest, steady state", "events/s", ">= 50,000", lambda v: v >= 50_000),
     Target("sustained_total_events_per_s", "sustained ingest, incl. start-up", "events/s", "(none)", lambda v: True),
+    Target("floor_append_events_per_s", "plain Kafka -> Delta append of the same topic, steady", "events/s", "(none)",
+           lambda v: True),
+    Target("sustained_over_floor", "sustained ingest / plain append, same run", "x", ">= 0.8", lambda v: v >= 0.8),
     Target("latency_p50_s", "latency p50 at fixed rate", "s", "(none)", lambda v: True),
     Target("latency_p99_s", "latency p99 at fixed rate", "s", "<= 4", lambda v: v <= 4),
     Target("merge_time_ratio_10m_over_1m", "MERGE time 10M / 1M (job's literal MERGE)", "x", "<= 1.2",
@@ -142,6 +145,15 @@ def notes(result: Mapping[str, Any]) -> list[str]:
             f"{len(sus['batches'])} batches. Steady state = after batch 0, from the job's batch log times. "
             f"Bound: {sus['bound']}."
         )
+        floor = sus.get("floor")
+        if floor:
+            out.append(
+                f"- **Floor, same run**: `python -m bench.floor`, a plain Structured Streaming Kafka -> Delta append "
+                f"of the same topic to the same MinIO (no validation, no dedup), same session and batch cap: "
+                f"{floor['steady_events_per_s'] or 0:,.0f} events/s steady, {floor['total_events_per_s'] or 0:,.0f} "
+                f"incl. start-up ({len(floor['batches'])} batches). The job runs at "
+                f"**{sus.get('sustained_over_floor')}x** the floor."
+            )
         out.append("")
         keys = _share_keys(sus)
         out.append("  | batch | messages | events/s | foreachBatch s | " + " | ".join(keys) + " |")

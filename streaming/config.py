@@ -146,7 +146,7 @@ class SparkClusterConfig:
 @dataclass(frozen=True)
 class IngestConfig:
     checkpoint_location: str = "checkpoints/ingest"
-    trigger_interval: str = "5 seconds"
+    trigger_interval: str = "1 second"
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
     checkpoint_lease_ttl: str = "60 seconds"  # an s3a:// checkpoint's lock: a dead job's lease expires after this

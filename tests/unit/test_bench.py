@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 import pytest
 
 from bench import report
+from bench.floor import batches_of
+from bench.floor import steady as floor_steady
 from bench.procs import descendants, parse_cpu_line, parse_stat, parse_vmrss_bytes
 from bench.stats import (
     BatchLine,
@@ -247,3 +250,22 @@ def test_the_profile_groups_each_batchs_spark_jobs_and_counts_overlaps_once() ->
         {"what": "Delta: Writing @ collect at NativeMethodAccessorImpl.java:0", "jobs": 2, "seconds": 3.0, "tasks": 4},
         {"what": "collect at batch.py:9", "jobs": 1, "seconds": 2.0, "tasks": 2},
     ]
+
+
+def test_the_floor_reads_batches_from_progress_and_rates_them_like_the_job() -> None:
+    def progress(batch_id: int, rows: int, at: str, ms: int) -> dict[str, Any]:
+        return {"batchId": batch_id, "numInputRows": rows, "timestamp": at, "durationMs": {"triggerExecution": ms}}
+
+    batches = batches_of(
+        [
+            progress(0, 250_000, "2026-12-02T05:00:00.000Z", 20_000),
+            progress(1, 250_000, "2026-12-02T05:00:20.000Z", 10_000),
+            progress(2, 0, "2026-12-02T05:00:30.000Z", 50),  # an empty trigger is no batch
+            progress(3, 100_000, "2026-12-02T05:00:30.500Z", 4_500),
+        ]
+    )
+    assert [b["batch_id"] for b in batches] == [0, 1, 3]
+    assert batches[0]["end_s"] == datetime.fromisoformat("2026-12-02T05:00:20+00:00").timestamp()
+    # Steady = batches after the first over the time from the end of batch 0 to the end of the last: 350k in 15 s.
+    assert floor_steady(batches) == pytest.approx(350_000 / 15)
+    assert floor_steady(batches[:1]) is None
