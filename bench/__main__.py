@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-rate", type=int, help="events/s for the latency run (default 5000)")
     p.add_argument("--latency-duration", type=float, help="seconds of traffic for the latency run (default 90)")
     p.add_argument("--latency-warmup", type=float, help="seconds of first rows left out (default 10)")
-    p.add_argument("--trigger-interval", help="latency run's trigger interval (default: the service's, ingest.trigger_interval)")
+    p.add_argument("--trigger-interval", help="latency run's trigger interval (default: ingest.trigger_interval)")
     p.add_argument("--merge-sizes", help="table sizes, comma list (default 1000000,10000000)")
     p.add_argument("--merge-batch", type=int, help="rows per MERGE batch (default 250000)")
     p.add_argument("--merge-runs", type=int, help="timed runs per size and kind, median reported (default 3)")
