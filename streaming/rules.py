@@ -142,7 +142,7 @@ def check_codes(rules: Rules, now_ms: int) -> Column:
 def reason_codes(rules: Rules, codes: Column) -> Column:
     """The check codes plus `unexpected_field:<key>` for each unexpected key of a JSON object, sorted.
 
-    The one lambda of validation, over the few unexpected keys: a projection of its own, after check_codes'.
+    Its lambda runs over the few unexpected keys, in a projection of its own after check_codes' (batch.validate).
     """
     is_object = _decoded(rules) & F.col("json_keys").isNotNull()
     if rules.allow_new_fields:
