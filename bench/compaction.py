@@ -24,7 +24,7 @@ from streaming.config import load_settings
 from streaming.maintenance import Maintainer
 from streaming.metrics import MaintenanceMetrics
 from streaming.schema import READINGS_COLUMNS
-from streaming.session import build_maintenance_session
+from streaming.session import build_session
 from streaming.tables import LakeTables
 
 
@@ -142,7 +142,7 @@ def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, e
         argv = sim_argv(s.kafka.bootstrap_servers, s.kafka.topic, summary, rate=0, count=params.ingest_events,
                         extra=("--seed", "11", "--devices", str(params.devices)))  # fmt: skip
         run_sim(argv, env, workdir / f"compaction-{name}-sim.log", summary, params.timeout_s)
-    spark = build_maintenance_session(settings["alone"])  # the sidecar's session, within its core cap
+    spark = build_session(settings["alone"], app_name="iotlake-bench-compaction")
     result: dict[str, Any] = {"closed_day": closed_day.isoformat()}
     try:
         uris = {}

@@ -150,11 +150,11 @@ def _one_off(settings: Settings) -> Any:
     from streaming.logstore import check_writers_safe
     from streaming.maintenance import Maintainer
     from streaming.preflight import check_storage
-    from streaming.session import build_maintenance_session
+    from streaming.session import build_session
 
     check_writers_safe(settings, "maintain")
     check_storage(settings)
-    return Maintainer(build_maintenance_session(settings), settings)
+    return Maintainer(build_session(settings, app_name="iotlake-maintain"), settings)
 
 
 def _optimize(settings: Settings, args: argparse.Namespace) -> int:

@@ -198,7 +198,6 @@ class MaintenanceConfig:
     vacuum_interval: str = "1 day"
     retry_backoff: str = "30 seconds"
     max_backoff: str = "30 minutes"
-    spark_cores: int = 1  # cores the sidecar's Spark may use at once, so a compaction leaves the stream the rest
 
     @property
     def interval_s(self) -> float:
@@ -529,8 +528,6 @@ def _validate_maintenance(m: MaintenanceConfig) -> None:
         )
     if not 0 < m.min_small_file_ratio <= 1:
         raise ConfigError(f"maintenance.min_small_file_ratio must be in (0, 1], got {m.min_small_file_ratio}.")
-    if m.spark_cores < 1:
-        raise ConfigError(f"maintenance.spark_cores must be >= 1, got {m.spark_cores}.")
 
 
 def _validate(s: Settings) -> None:

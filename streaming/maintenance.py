@@ -433,13 +433,13 @@ def run(settings: Settings, once: bool = False, on_cycle: Callable[[CycleReport]
     """The sidecar loop: a cycle every maintenance.interval until SIGINT/SIGTERM (or one with once)."""
     from streaming.logstore import check_writers_safe
     from streaming.preflight import check_storage
-    from streaming.session import build_maintenance_session
+    from streaming.session import build_session
 
     check_writers_safe(settings, "maintain")
     check_storage(settings)
     metrics = MaintenanceMetrics()
     metrics.serve(settings.maintenance.metrics_host, settings.maintenance.metrics_port)
-    spark = build_maintenance_session(settings)
+    spark = build_session(settings, app_name="iotlake-maintain")
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -125,27 +125,6 @@ def session_conf(
     return conf
 
 
-def maintenance_limits(settings: Settings) -> tuple[Settings, dict[str, str]]:
-    """The sidecar's settings and conf: at most maintenance.spark_cores cores busy at once.
-
-    A local master becomes local[N]; on a cluster, spark.cores.max caps the application. OPTIMIZE compacts at
-    most N bins at a time. Without the cap a compaction takes both cores of a small machine and halves ingest.
-    """
-    cores = settings.maintenance.spark_cores
-    conf = {"spark.databricks.delta.optimize.maxThreads": str(cores)}
-    if re.fullmatch(r"local(\[[^\]]*\])?", settings.spark.master):
-        settings = replace(settings, spark=replace(settings.spark, master=f"local[{cores}]"))
-    else:
-        conf["spark.cores.max"] = str(cores)
-    return settings, conf
-
-
-def build_maintenance_session(settings: Settings) -> SparkSession:
-    """The session of the sidecar and of `iotlake optimize`/`vacuum`: build_session within maintenance_limits."""
-    capped, conf = maintenance_limits(settings)
-    return build_session(capped, app_name="iotlake-maintain", extra_conf=conf)
-
-
 def build_session(
     settings: Settings, app_name: str | None = None, extra_conf: Mapping[str, str] | None = None
 ) -> SparkSession:

@@ -17,7 +17,6 @@ from streaming.session import (
     _submit_args,
     artifact,
     jars_marker,
-    maintenance_limits,
     preinstalled_classpath,
     resolved_jars,
     session_conf,
@@ -151,24 +150,3 @@ def test_artifact_names_match_across_ivy_and_pyspark_jar_names() -> None:
         ("scala-parallel-collections_2.13-1.2.0.jar", False): "scala-parallel-collections_2.13",
     }
     assert {key: artifact(Path(key[0]), ivy=key[1]) for key in cases} == cases
-
-
-@pytest.mark.parametrize(
-    ("master", "cores", "expected_master", "cores_max"),
-    [("local[2]", 1, "local[1]", None), ("local[*]", 2, "local[2]", None), ("local", 1, "local[1]", None),
-     ("spark://127.0.0.1:7077", 1, "spark://127.0.0.1:7077", "1")],
-)  # fmt: skip
-def test_the_sidecar_uses_at_most_its_cores(
-    master: str, cores: int, expected_master: str, cores_max: str | None
-) -> None:
-    settings = load_settings(env={"IOTLAKE_SPARK__MASTER": master, "IOTLAKE_MAINTENANCE__SPARK_CORES": str(cores)})
-    capped, conf = maintenance_limits(settings)
-    assert capped.spark.master == expected_master
-    assert conf.get("spark.cores.max") == cores_max
-    assert conf["spark.databricks.delta.optimize.maxThreads"] == str(cores)
-    assert settings.spark.master == master  # the job's own settings are left alone
-
-
-def test_the_sidecar_needs_a_core() -> None:
-    with pytest.raises(ConfigError, match=r"maintenance\.spark_cores must be >= 1"):
-        load_settings(env={"IOTLAKE_MAINTENANCE__SPARK_CORES": "0"})
