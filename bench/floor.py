@@ -19,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
+from bench.stats import BatchLine, steady_rate
 from streaming.config import load_settings
 from streaming.ingest import kafka_stream
 from streaming.schema import EVENT_FIELDS, typed_event_schema
@@ -27,13 +28,13 @@ from streaming.session import build_session
 TABLE = "floor"
 
 
-def steady(batches: Sequence[dict[str, Any]], skip: int = 1) -> float | None:
-    """Rows per second from the end of batch `skip - 1` to the end of the last batch (as bench.stats.steady_rate)."""
-    if len(batches) <= skip:
-        return None
-    window = batches[-1]["end_s"] - batches[skip - 1]["end_s"]
-    rows = sum(b["rows"] for b in batches[skip:])
-    return rows / window if window > 0 else None
+def steady(batches: Sequence[dict[str, Any]]) -> float | None:
+    """Rows per second after batch 0, rated by bench.stats.steady_rate as the job's batches are."""
+    lines = [
+        BatchLine(b["batch_id"], b["rows"], b["rows"], b["seconds"], datetime.fromtimestamp(b["end_s"]))
+        for b in batches
+    ]
+    return steady_rate(lines, skip=1)
 
 
 def batches_of(progress: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
