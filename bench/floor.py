@@ -58,16 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = build_session(settings, app_name="iotlake-bench-floor")
     try:
         started = time.monotonic()
-        fields = [F.col(f"e.{c.name}").alias(c.name) for c in EVENT_FIELDS]
-        rows = kafka_stream(spark, settings).select(
-            F.from_json(F.col("value").cast("string"), typed_event_schema()).alias("e"),
-            "topic",
-            "partition",
-            "offset",
-            "timestamp",
+        kafka = ("topic", "partition", "offset", "timestamp")
+        parsed = kafka_stream(spark, settings).select(
+            F.from_json(F.col("value").cast("string"), typed_event_schema()).alias("e"), *kafka
         )
         query = (
-            rows.select(*fields, "topic", "partition", "offset", "timestamp")
+            parsed.select(*[F.col(f"e.{c.name}").alias(c.name) for c in EVENT_FIELDS], *kafka)
             .writeStream.format("delta")
             .option("checkpointLocation", args.checkpoint)
             .trigger(availableNow=True)

@@ -76,6 +76,11 @@ def _decoded(rules: Rules) -> Column:
     return _size().between(1, rules.max_message_bytes) & F.col("value_text").isNotNull()
 
 
+def _is_object(rules: Rules) -> Column:
+    """The value decoded to a JSON object (json_object_keys found keys): the gate of every per-field check."""
+    return _decoded(rules) & F.col("json_keys").isNotNull()
+
+
 def check_codes(rules: Rules, now_ms: int) -> Column:
     """array<string> of every failed check but unexpected fields, from value, value_text, json_keys, typed, text.
 
@@ -86,7 +91,7 @@ def check_codes(rules: Rules, now_ms: int) -> Column:
     typed, text = F.col("typed"), F.col("text")
     size = _size()
     gate_decoded = _decoded(rules)
-    is_object = gate_decoded & F.col("json_keys").isNotNull()
+    is_object = _is_object(rules)
     corrupt = typed[CORRUPT].isNotNull()
 
     envelope = [
@@ -144,7 +149,7 @@ def reason_codes(rules: Rules, codes: Column) -> Column:
 
     Its lambda runs over the few unexpected keys, in a projection of its own after check_codes' (batch.validate).
     """
-    is_object = _decoded(rules) & F.col("json_keys").isNotNull()
+    is_object = _is_object(rules)
     if rules.allow_new_fields:
         if not rules.refused_fields:
             return codes
