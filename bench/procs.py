@@ -1,43 +1,15 @@
-"""Resident memory and CPU of process trees, read from /proc (no psutil), sampled once a second."""
+"""Resident memory and CPU of process trees (psutil), sampled once a second."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-PROC = Path("/proc")
+import psutil
+
 GIB = 1024**3
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def parse_vmrss_bytes(status_text: str) -> int | None:
-    """VmRSS of a /proc/<pid>/status text, in bytes (None for kernel threads and zombies)."""
-    for line in status_text.splitlines():
-        if line.startswith("VmRSS:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                unit = parts[2].lower() if len(parts) > 2 else "kb"
-                return int(parts[1]) * (1024 if unit == "kb" else 1)
-    return None
-
-
-def parse_stat(stat_text: str) -> tuple[int, int]:
-    """(ppid, utime + stime in clock ticks) of a /proc/<pid>/stat text; comm may hold spaces and ')'."""
-    rest = stat_text[stat_text.rindex(")") + 2 :].split()
-    # rest[0] is the state (field 3), so field n is rest[n - 3]: ppid = 4, utime = 14, stime = 15.
-    return int(rest[1]), int(rest[11]) + int(rest[12])
-
-
-def parse_cpu_line(stat_text: str) -> tuple[int, int]:
-    """(busy, total) jiffies of the machine, from the first line of /proc/stat."""
-    values = [int(v) for v in stat_text.splitlines()[0].split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    total = sum(values[:8])  # guest time is already counted in user
-    return total - idle, total
 
 
 def descendants(roots: Iterable[int], parent_of: Mapping[int, int]) -> set[int]:
@@ -55,34 +27,38 @@ def descendants(roots: Iterable[int], parent_of: Mapping[int, int]) -> set[int]:
     return found
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:  # the process exited
-        return None
+@dataclass(frozen=True)
+class ProcessLook:
+    """One look at a process: its parent, CPU seconds so far (user + system) and resident memory."""
+
+    ppid: int
+    cpu_s: float
+    rss: int
 
 
-def snapshot() -> tuple[dict[int, int], dict[int, int]]:
-    """(parent of each pid, CPU ticks of each pid) for every process visible in /proc."""
-    parent_of: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        text = _read(entry / "stat")
-        if text is None:
-            continue
-        pid = int(entry.name)
-        parent_of[pid], ticks[pid] = parse_stat(text)
-    return parent_of, ticks
+def snapshot() -> dict[int, ProcessLook]:
+    """Every process visible now; one that exits while being read is left out."""
+    looks: dict[int, ProcessLook] = {}
+    for proc in psutil.process_iter(["ppid", "cpu_times", "memory_info"]):
+        info = proc.info
+        times, memory = info.get("cpu_times"), info.get("memory_info")
+        if info.get("ppid") is None or times is None or memory is None:
+            continue  # gone, or not ours to read
+        looks[proc.pid] = ProcessLook(info["ppid"], times.user + times.system, memory.rss)
+    return looks
 
 
-def rss_bytes(pids: Iterable[int]) -> int:
-    total = 0
-    for pid in pids:
-        text = _read(PROC / str(pid) / "status")
-        total += (parse_vmrss_bytes(text) or 0) if text else 0
-    return total
+def cpu_seconds(now: Mapping[int, ProcessLook], before: Mapping[int, ProcessLook], pids: Iterable[int]) -> float:
+    """CPU seconds the processes used between two looks; one that started in between counts from 0."""
+    return sum(now[p].cpu_s - (before[p].cpu_s if p in before else 0.0) for p in pids)
+
+
+def machine_busy_and_total() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot; idle and iowait are not busy."""
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # guest is counted in user
+    return total - idle, total
 
 
 @dataclass
@@ -133,25 +109,26 @@ class ProcSampler:
         self.stop()
 
     def _run(self) -> None:
-        last_ticks: dict[int, int] | None = None
-        last_cpu = parse_cpu_line((PROC / "stat").read_text())
+        last: dict[int, ProcessLook] | None = None
+        last_cpu = machine_busy_and_total()
         last_t = time.monotonic()
         while not self._stop.is_set() and len(self.samples) < self.max_samples:
-            parent_of, ticks = snapshot()
+            looks = snapshot()
             now = time.monotonic()
-            cpu_now = parse_cpu_line((PROC / "stat").read_text())
+            cpu_now = machine_busy_and_total()
             with self._lock:
                 roots = {g: set(p) for g, p in self._roots.items()}
+            parent_of = {pid: look.ppid for pid, look in looks.items()}
             groups = {g: descendants(r, parent_of) for g, r in roots.items()}
             groups["all"] = set().union(*groups.values()) if groups else set()
             dt = max(now - last_t, 1e-6)
-            # A process that appeared since the last look counts from 0 ticks (it started in between).
-            previous = last_ticks if last_ticks is not None else ticks
-            cpu = {g: sum(ticks[p] - previous.get(p, 0) for p in pids) / CLK_TCK / dt for g, pids in groups.items()}
-            busy = (cpu_now[0] - last_cpu[0]) / max(cpu_now[1] - last_cpu[1], 1) * (os.cpu_count() or 1)
-            rss = {g: rss_bytes(pids) for g, pids in groups.items()}
+            previous = last if last is not None else looks
+
+            cpu = {g: cpu_seconds(looks, previous, pids) / dt for g, pids in groups.items()}
+            busy = (cpu_now[0] - last_cpu[0]) / max(cpu_now[1] - last_cpu[1], 1e-6) * psutil.cpu_count()
+            rss = {g: sum(looks[p].rss for p in pids) for g, pids in groups.items()}
             self.samples.append(Sample(now - self._started, rss, cpu, busy))
-            last_ticks, last_cpu, last_t = ticks, cpu_now, now
+            last, last_cpu, last_t = looks, cpu_now, now
             self._stop.wait(self.interval)
 
     def peak_gib(self, group: str) -> float:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.stats import BREAKDOWN_KEYS
 from streaming.config import PROJECT_ROOT
 
@@ -60,20 +62,14 @@ def lookup(data: Mapping[str, Any], dotted: str) -> Any:
 
 def machine() -> dict[str, Any]:
     """Cores, memory, CPU model and load average of this machine."""
-    mem_kib = 0
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            mem_kib = int(line.split()[1])
-    model = ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
     return {
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_kib / 1024**2, 1),
+        "cores": psutil.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
         "cpu_model": model,
-        "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
+        "loadavg_at_start": [f"{load:.2f}" for load in os.getloadavg()],
     }
 
 
@@ -193,7 +189,7 @@ def notes(result: Mapping[str, Any]) -> list[str]:
             f"Mean progress phases (s): {lat['progress_phase_means_s']}. Bound: {lat['bound']}."
         )
         out.append(
-            f"- **RSS** (sampled every second from /proc during the latency run): "
+            f"- **RSS** (sampled every second with psutil during the latency run): "
             f"job {lat['job_rss_peak_gib']:.2f} GiB, stack {lat['stack_rss_peak_gib']:.2f} GiB; "
             f"per part {lat['procs']['rss_peak_gib']}."
         )

@@ -1,8 +1,11 @@
-"""The benchmark's pure helpers: percentiles, /proc parsing, log and metrics parsing, breakdown, report."""
+"""The benchmark's pure helpers (percentiles, log and metrics parsing, breakdown, report) and its process sampler."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from datetime import datetime
 from typing import Any
 
@@ -11,7 +14,7 @@ import pytest
 from bench import report
 from bench.floor import batches_of
 from bench.floor import steady as floor_steady
-from bench.procs import descendants, parse_cpu_line, parse_stat, parse_vmrss_bytes
+from bench.procs import ProcessLook, ProcSampler, cpu_seconds, descendants
 from bench.stats import (
     BatchLine,
     Commit,
@@ -52,29 +55,33 @@ def test_summarize() -> None:
     assert summarize([]) == {"count": 0}
 
 
-STATUS = """Name:\tjava
-State:\tS (sleeping)
-VmPeak:\t 5303212 kB
-VmRSS:\t 1665620 kB
-RssAnon:\t 1600000 kB
-"""
+def test_cpu_seconds_count_a_process_that_started_between_looks_from_zero() -> None:
+    before = {1: ProcessLook(0, 10.0, 0)}
+    now = {1: ProcessLook(0, 10.5, 0), 2: ProcessLook(1, 0.25, 0)}
+    assert cpu_seconds(now, before, [1]) == 0.5
+    assert cpu_seconds(now, before, [1, 2]) == 0.75
 
 
-def test_vmrss_in_bytes() -> None:
-    assert parse_vmrss_bytes(STATUS) == 1665620 * 1024
-    assert parse_vmrss_bytes("Name:\tkthreadd\nState:\tS\n") is None
-
-
-def test_stat_with_spaces_and_parens_in_comm() -> None:
-    fields = ["S", "42"] + ["0"] * 9 + ["150", "50"] + ["0"] * 30
-    text = "1234 (my (odd) proc) " + " ".join(fields)
-    assert parse_stat(text) == (42, 200)
-
-
-def test_machine_cpu_line() -> None:
-    busy, total = parse_cpu_line("cpu  100 5 50 800 40 3 2 0 0 0\ncpu0 1 2 3 4\n")
-    assert total == 1000
-    assert busy == 1000 - 800 - 40
+def test_the_sampler_sees_a_child_process_its_memory_and_its_cpu() -> None:
+    """A real child that holds 64 MiB and spins: its tree's RSS and CPU show up in the samples."""
+    script = "import time\nb = b\"x\" * (64 << 20)\nt = time.time()\nwhile time.time() - t < 30: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        with ProcSampler(interval=0.2) as sampler:
+            sampler.track("child", child.pid)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                seen = [s for s in sampler.samples[1:] if s.rss.get("child", 0) >= 64 << 20]
+                if seen and max(s.cpu.get("child", 0.0) for s in seen) > 0.3:
+                    break
+                time.sleep(0.2)
+        assert sampler.peak_gib("child") >= 64 / 1024
+        assert sampler.mean_cpu("child") > 0.3, sampler.samples[-3:]
+        peaks = sampler.summary()["rss_peak_gib"]
+        assert isinstance(peaks, dict) and peaks["all"] >= sampler.peak_gib("child")
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_descendants_follow_the_tree_only() -> None:
