@@ -47,16 +47,16 @@ COPY bench ./bench
 RUN pip install --no-deps -e .
 
 # Spark's Delta, Kafka-source and S3A jars, resolved by the project's own resolver into the image's Ivy cache.
-RUN python -m streaming.session
+RUN python -m streaming.core.session
 
-# The put-if-absent Delta log store (streaming/logstore.py: two writer processes per table are safe with it).
-# Its jar is compiled here, with the JDK, into $IOTLAKE_CACHE/jars, where streaming.session looks for it: the
+# The put-if-absent Delta log store (streaming/core/logstore.py: two writer processes per table are safe with it).
+# Its jar is compiled here, with the JDK, into $IOTLAKE_CACHE/jars, where streaming.core.session looks for it: the
 # runtime stage has no javac. WITH_LOGSTORE=false skips it (then set storage.log_store=single_driver and keep
 # one writer per table).
 ARG WITH_LOGSTORE=true
 RUN case "$WITH_LOGSTORE" in \
       false) echo "log store jar: skipped (WITH_LOGSTORE=false)" ;; \
-      true) python -c "from streaming.config import load_settings; from streaming.logstore import ensure_jar; print('log store jar:', ensure_jar(load_settings())[0])" ;; \
+      true) python -c "from streaming.core.config import load_settings; from streaming.core.logstore import ensure_jar; print('log store jar:', ensure_jar(load_settings())[0])" ;; \
       *) echo "WITH_LOGSTORE must be true or false" >&2; exit 1 ;; \
     esac
 

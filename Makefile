@@ -27,7 +27,7 @@ status: install              ## services, tables and stream
 	$(PY) -m streaming.cli status
 
 run: install                 ## the whole pipeline, live, then a summary (DURATION=seconds, Ctrl-C to stop early)
-	$(PY) -m stack run --duration $(DURATION)
+	$(PY) -m streaming.cli run --duration $(DURATION)
 
 test: install                ## unit + integration tests against real services started by the test setup
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -50,3 +50,4 @@ secrets: $(VENV)/.installed  ## .env for Docker Compose: random credentials, mod
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports

@@ -20,12 +20,12 @@ from typing import Any
 from bench.job import Proc, ingest_argv, run_sim, sim_argv
 from bench.stack import BenchStack
 from bench.stats import BatchLine, median, parse_batch_lines, steady_rate
-from streaming.config import load_settings
-from streaming.maintenance import Maintainer
-from streaming.metrics import MaintenanceMetrics
-from streaming.schema import READINGS_COLUMNS
-from streaming.session import build_session
-from streaming.tables import LakeTables
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
+from streaming.lake.maintenance import Maintainer
+from streaming.lake.metrics import MaintenanceMetrics
+from streaming.pipeline.schema import READINGS_COLUMNS
+from streaming.pipeline.tables import LakeTables
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from bench.stats import BatchLine, steady_rate
-from streaming.config import load_settings
-from streaming.ingest import kafka_stream
-from streaming.schema import EVENT_FIELDS, typed_event_schema
-from streaming.session import build_session
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
+from streaming.pipeline.ingest import kafka_stream
+from streaming.pipeline.schema import EVENT_FIELDS, typed_event_schema
 
 TABLE = "floor"
 

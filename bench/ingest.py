@@ -17,7 +17,7 @@ from bench.lake import by_batch, delta_commits, trigger_times
 from bench.procs import ProcSampler
 from bench.stack import BenchStack, free_port
 from bench.stats import BREAKDOWN_KEYS, BatchLine, batch_breakdown, median, parse_batch_lines, steady_rate, summarize
-from streaming.config import Settings, load_settings
+from streaming.core.config import Settings, load_settings
 
 STARTED_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ iotlake\.ingest: streaming query \S+ started")
 

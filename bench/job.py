@@ -18,9 +18,9 @@ from typing import IO, Any
 from bench.procs import ProcSampler
 from bench.stats import parse_metrics, phases
 from stack.proc import tail
-from streaming.metrics import fetch
+from streaming.core.prometheus import fetch
 
-# The fault mix `make run` uses (stack/run.py DEMO_FAULTS): small, and every kind is present.
+# The fault mix `make run` uses (streaming/cli/run.py DEMO_FAULTS): small, and every kind is present.
 FAULTS: tuple[str, ...] = (
     "--duplicate-rate", "0.02",
     "--out-of-order-rate", "0.02",

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench.stats import Commit, parse_commit
-from streaming.config import Settings
-from streaming.delta_rs import delta_rs_uri, delta_storage_options
-from streaming.preflight import minio_client
+from streaming.core.config import Settings
+from streaming.core.preflight import minio_client
+from streaming.core.storage import delta_rs_uri, delta_storage_options
 
 
 def table_prefix(settings: Settings, table: str) -> str:

@@ -15,8 +15,8 @@ from bench.lake import delta_commits, readings_cdf, trigger_times
 from bench.procs import ProcSampler
 from bench.stack import BenchStack, free_port
 from bench.stats import parse_batch_lines, percentile, summarize
-from streaming.config import IngestConfig, Settings, load_settings
-from streaming.status import stream_status
+from streaming.core.config import IngestConfig, Settings, load_settings
+from streaming.lake.status import stream_status
 
 
 @dataclass(frozen=True)

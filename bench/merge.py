@@ -7,7 +7,7 @@ batches). Growing from 1M to 10M adds the 9M older rows, spread over the previou
 
 Each timed MERGE gets a fresh, materialized batch (new event ids): mostly new events of the last minutes,
 ~1% exact copies of recent table rows, a few late events from hours ago. The literal MERGE gets the dates
-and event-time ranges computed exactly as streaming/ingest.py computes them. Before each MERGE the table
+and event-time ranges computed exactly as streaming/pipeline/ingest.py computes them. Before each MERGE the table
 is restored (Delta RESTORE) to the version of the size under test, so every run sees the same table.
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 from bench.stack import BenchStack, free_port
 from bench.stats import median
 from producers.encoding import event_id_prefix
-from streaming.config import load_settings
-from streaming.schema import READINGS_COLUMNS
-from streaming.session import build_session
-from streaming.tables import LakeTables
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
+from streaming.pipeline.schema import READINGS_COLUMNS
+from streaming.pipeline.tables import LakeTables
 
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
@@ -146,14 +146,14 @@ class Synth:
 
 
 def job_span(rows: Any) -> tuple[list[Any], list[tuple[int, int]]]:
-    """The batch's literal dates and event-time ranges, as streaming/ingest.py derives them for the MERGE.
+    """The batch's literal dates and event-time ranges, as streaming/pipeline/ingest.py derives them for the MERGE.
 
     The job takes the UTC dates and the TIME_BUCKET_MS buckets of the kept rows' event times, and turns the
     buckets into ranges with time_ranges(); the same values come from the deduplicated rows here.
     """
     from pyspark.sql import functions as F
 
-    from streaming.batch import TIME_BUCKET_MS, time_ranges
+    from streaming.pipeline.batch import TIME_BUCKET_MS, time_ranges
 
     span = rows.agg(
         F.collect_set("event_date").alias("dates"),

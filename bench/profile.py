@@ -1,6 +1,6 @@
 """`python -m bench.profile`: where one micro-batch's time goes, from Spark's own event log.
 
-Runs the real job (`streaming.ingest.run`, in this process) on a private stack over a preloaded topic, with
+Runs the real job (`streaming.pipeline.ingest.run`, in this process) on a private stack over a preloaded topic, with
 `spark.eventLog.enabled`, then a tiny batch on the same warm JVM, and reads the event log back: per batch,
 every Spark job with what it is for (its description or PySpark call site) and how long it ran, and the
 driver's time outside any job (planning, Delta log listing and commits, S3 requests). Writes
@@ -25,9 +25,9 @@ from bench import report
 from bench.job import FAULTS
 from bench.stack import bench_stack
 from producers.cli import main as sensor_sim
-from streaming.config import load_settings
-from streaming.ingest import BatchReport, run
-from streaming.session import build_session
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
+from streaming.pipeline.ingest import BatchReport, run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

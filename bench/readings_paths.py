@@ -30,12 +30,12 @@ from pyspark.storagelevel import StorageLevel
 from bench import report
 from bench.profile import produce
 from bench.stack import bench_stack
-from streaming import batch
-from streaming.config import load_settings
-from streaming.ingest import kafka_stream
-from streaming.rules import Rules
-from streaming.session import build_session
-from streaming.tables import LakeTables
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
+from streaming.pipeline import batch
+from streaming.pipeline.ingest import kafka_stream
+from streaming.pipeline.rules import Rules
+from streaming.pipeline.tables import LakeTables
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PATHS = ("merge", "split", "append")

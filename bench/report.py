@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 
 from bench.stats import BREAKDOWN_KEYS
-from streaming.config import PROJECT_ROOT
+from streaming.core.config import PROJECT_ROOT
 
 
 @dataclass(frozen=True)

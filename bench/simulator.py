@@ -10,7 +10,7 @@ from bench.job import run_sim, sim_argv
 from bench.procs import ProcSampler
 from bench.stack import BenchStack
 from bench.stats import median
-from streaming.config import load_settings
+from streaming.core.config import load_settings
 
 
 @dataclass(frozen=True)

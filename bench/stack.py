@@ -19,7 +19,7 @@ from stack import secrets as stack_secrets
 from stack.addresses import free_port
 from stack.install import Echo
 from stack.layout import HOME_ENV, StackLayout, default_cache
-from streaming.config import Settings, load_settings
+from streaming.core.config import Settings, load_settings
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# streaming/ingest.py logs: "<asctime> INFO iotlake.ingest: batch 3: 250000 messages {...}, 244000 readings
+# streaming/pipeline/ingest.py logs: "<asctime> INFO iotlake.ingest: batch 3: 250000 messages {...}, 244000 readings
 # inserted, 200 device states, 12.3 s" (asctime like "2026-11-30 12:09:41,486", local time of the job).
 BATCH_LINE = re.compile(
     r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ iotlake\.ingest: batch (?P<batch>\d+): "

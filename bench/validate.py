@@ -26,10 +26,10 @@ from pyspark.storagelevel import StorageLevel
 from bench import report
 from producers.options import SimOptions
 from producers.stream import EventStream
-from streaming import batch
-from streaming.config import load_settings
-from streaming.rules import Rules
-from streaming.session import build_session
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
+from streaming.pipeline import batch
+from streaming.pipeline.rules import Rules
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KAFKA_ROW = T.StructType(

@@ -21,10 +21,10 @@ from producers.accounting import UNCONFIRMED, Accounting
 from producers.backends import BACKENDS, Backend, KafkaTarget, OnAck, OnFail, create_backend
 from producers.errors import SimulatorError, UsageError
 from producers.faults import DUPLICATE, LATE, MALFORMED_KINDS, OUT_OF_ORDER, VALID
+from producers.metrics import SimulatorMetrics
 from producers.options import SimOptions, check_start_time, iso_utc, parse_kinds, parse_start_time
 from producers.pacing import TokenBucket
 from producers.stream import EventStream, Message, wall_clock_ms
-from streaming.metrics import SimulatorMetrics
 
 ENV_PREFIX = "SENSOR_SIM_"
 DEFAULT_COUNT = 10_000

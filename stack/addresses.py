@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from streaming.errors import StackError
+from streaming.core.errors import StackError
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost"})
 

@@ -11,7 +11,7 @@ from stack import secrets as sec
 from stack.addresses import minio_console
 from stack.install import Echo, Installed, find_java, install
 from stack.layout import StackLayout
-from streaming.config import Settings, resolve_path
+from streaming.core.config import Settings, resolve_path
 
 __all__ = ["Installed", "down", "install", "status", "up"]
 

@@ -1,16 +1,9 @@
-"""Command line of the native stack: `python -m stack install|up|down|status [--config PATH]`.
-
-Adding a subcommand from another module (e.g. `stack/run.py`): list it in EXTENSIONS and give it
-`register(subparsers, common) -> None`, which adds its parser with `parents=[common]` (that carries --config)
-and sets `func=handler`, where `handler(args) -> int`. `load_settings_from(args)` and `layout()` help.
-A module listed here that doesn't exist is skipped; one that exists but fails to import is an error.
-"""
+"""Command line of the native stack: `python -m stack install|up|down|status [--config PATH]`, and the compose
+deployment's helpers (`stack.compose`: secrets, bootstrap, probe, daemon)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,14 +11,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stack import api
+from stack import api, compose
 from stack.install import install
 from stack.layout import StackLayout
-from streaming import logstore
-from streaming.config import Settings, load_settings
-from streaming.errors import IotLakeError
-
-EXTENSIONS = ("stack.run", "stack.compose")
+from streaming.core import logstore
+from streaming.core.config import Settings, load_settings
+from streaming.core.errors import IotLakeError
 
 
 def layout() -> StackLayout:
@@ -41,15 +32,14 @@ def _install(args: argparse.Namespace) -> int:
     if logstore.needs_jar(load_settings_from(args)):
         logstore.find_javac()  # fail before the long downloads, not after them
     install(layout())
-    from stack.compose import install_compose, install_dockerfile_linter  # the compose deployment's checks
 
-    install_compose(layout())
-    install_dockerfile_linter(layout())
+    compose.install_compose(layout())
+    compose.install_dockerfile_linter(layout())
     # Spark's jars come through Ivy; resolving them here (its own JVM) keeps the first job start short.
     env = dict(os.environ)
     if getattr(args, "config", None):
         env["IOTLAKE_CONFIG"] = args.config
-    return subprocess.run([sys.executable, "-m", "streaming.session"], env=env, check=False).returncode
+    return subprocess.run([sys.executable, "-m", "streaming.core.session"], env=env, check=False).returncode
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -113,9 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="each service: state, pid, address, log")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=_status)
-    for name in EXTENSIONS:
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name).register(sub, common)
+    compose.register(sub, common)
     return parser
 
 

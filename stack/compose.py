@@ -29,8 +29,8 @@ from stack import spark_cluster, versions
 from stack.install import GO_TIMEOUT_S, Echo, _say, find_go
 from stack.layout import StackLayout
 from stack.proc import run_checked
-from streaming.config import PROJECT_ROOT
-from streaming.errors import StackError
+from streaming.core.config import PROJECT_ROOT, load_settings
+from streaming.core.errors import StackError
 
 ENV_EXAMPLE = PROJECT_ROOT / ".env.example"
 COMPOSE_FILE = PROJECT_ROOT / "docker-compose.yml"
@@ -235,9 +235,8 @@ def secrets_from_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def _bootstrap_minio(args: argparse.Namespace) -> int:
     from stack import minio
-    from stack.cli import load_settings_from
 
-    settings = load_settings_from(args)
+    settings = load_settings(getattr(args, "config", None))
     secrets = secrets_from_env(os.environ)
     endpoint = settings.storage.endpoint
     parts = urlsplit(endpoint)

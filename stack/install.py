@@ -21,7 +21,7 @@ from pathlib import Path
 from stack import versions
 from stack.layout import StackLayout
 from stack.proc import run_checked
-from streaming.errors import StackError
+from streaming.core.errors import StackError
 
 Echo = Callable[[str], None]
 

@@ -23,8 +23,8 @@ from stack import secrets as sec
 from stack.addresses import MAX_KAFKA_NODES, HostPort, bind_host, kafka_controller, kafka_listeners
 from stack.install import Installed
 from stack.layout import StackLayout
-from streaming.config import Settings
-from streaming.errors import ServiceUnreachableError, StackError
+from streaming.core.config import Settings
+from streaming.core.errors import ServiceUnreachableError, StackError
 
 HEAP = "-Xmx512m"
 MESSAGE_MAX_BYTES = 2 * 1024 * 1024

@@ -8,18 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from streaming.config import PROJECT_ROOT
+from streaming.core.config import PROJECT_ROOT, default_cache
 
 HOME_ENV = "IOTLAKE_STACK_HOME"
-CACHE_ENV = "IOTLAKE_CACHE"
-DEFAULT_CACHE = "~/.cache/iotlake"
 PRIVATE_DIR_MODE = 0o700
-
-
-def default_cache(env: Mapping[str, str] | None = None) -> Path:
-    """The download cache, outside the clone: $IOTLAKE_CACHE or ~/.cache/iotlake."""
-    env = os.environ if env is None else env
-    return Path(env.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from stack import kafka, logrotate, minio, proc, spark_cluster
 from stack import prometheus as prom
 from stack.addresses import MAX_KAFKA_NODES
 from stack.layout import StackLayout, default_cache
-from streaming.config import PROJECT_ROOT
+from streaming.core.config import PROJECT_ROOT
 
 INTERVAL_S = 30.0
-RUN_LOGS = ("ingest", "maintain", "sensor-sim")  # `make run`'s children (stack/run.py)
+RUN_LOGS = ("ingest", "maintain", "sensor-sim")  # `make run`'s children (streaming/cli/run.py)
 STOP_TIMEOUT_S = 10.0
 
 

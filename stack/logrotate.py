@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from streaming.errors import StackError
+from streaming.core.errors import StackError
 
 DEFAULT_MAX_BYTES = 50 * 2**20
 DEFAULT_KEEP = 3

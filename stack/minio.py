@@ -18,8 +18,8 @@ from stack import secrets as sec
 from stack.addresses import HostPort, bind_host, minio_api, minio_console
 from stack.install import Installed
 from stack.layout import StackLayout
-from streaming.config import Settings
-from streaming.errors import StackError
+from streaming.core.config import Settings
+from streaming.core.errors import StackError
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stack import logrotate
 from stack.addresses import HostPort, bind_host
-from streaming.errors import StackError
+from streaming.core.errors import StackError
 
 PRIVATE_UMASK = 0o077  # what the stack's processes create (data, logs) is readable by its user only
 

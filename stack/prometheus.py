@@ -24,8 +24,8 @@ from stack import proc
 from stack.addresses import HostPort, bind_host, prometheus_web
 from stack.install import Installed
 from stack.layout import PRIVATE_DIR_MODE, StackLayout
-from streaming.config import PROJECT_ROOT, Settings
-from streaming.errors import StackError
+from streaming.core.config import PROJECT_ROOT, Settings
+from streaming.core.errors import StackError
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0

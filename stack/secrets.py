@@ -9,8 +9,8 @@ import secrets as _random
 import string
 from pathlib import Path
 
-from streaming.config import read_secrets_file
-from streaming.errors import StackError
+from streaming.core.config import read_secrets_file
+from streaming.core.errors import StackError
 
 ROOT_USER = "MINIO_ROOT_USER"
 ROOT_PASSWORD = "MINIO_ROOT_PASSWORD"

@@ -8,6 +8,7 @@ the worker's own RPC and UI ports are picked at random, on loopback too. Pid fil
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -18,14 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import pyspark
-
 from stack import proc
 from stack.addresses import HostPort
 from stack.layout import StackLayout
 from stack.secrets import write_private
-from streaming.config import Settings
-from streaming.errors import StackError
+from streaming.core.config import Settings
+from streaming.core.errors import StackError
 
 HOST = "127.0.0.1"
 DAEMON_MEMORY = "512m"  # heap of the master and of the worker daemon; executors get spark.executor.memory
@@ -60,8 +59,11 @@ class Cluster:
 
 
 def spark_home() -> Path:
-    """The pyspark package: it carries bin/spark-class and every jar the daemons need."""
-    return Path(pyspark.__file__).resolve().parent
+    """The pyspark package (found, not imported): it carries bin/spark-class and every jar the daemons need."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise StackError("The pyspark package is not installed. Run `make install`.")
+    return Path(spec.origin).resolve().parent
 
 
 def spark_class() -> Path:
@@ -280,7 +282,7 @@ def start(
 ) -> Cluster:
     """Start the master, wait for its /json/ to answer, start the worker, wait until it is registered.
 
-    Both authenticate every connection with `auth_secret` (drivers get it through streaming.session).
+    Both authenticate every connection with `auth_secret` (drivers get it through streaming.core.session).
     Reuses a master and worker of this layout that run with the same settings.
     """
     reused = check_can_start(settings, layout)

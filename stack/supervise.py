@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stack import logrotate, proc
-from streaming.errors import StackError
+from streaming.core.errors import StackError
 
 GROUP_EXIT_TIMEOUT_S = 30.0  # how long a dead child's leftovers may take to vanish after SIGKILL
 

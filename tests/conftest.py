@@ -28,7 +28,7 @@ from stack import secrets as stack_secrets_mod
 from stack.addresses import free_port
 from stack.addresses import loopback_port_free as port_free
 from stack.layout import HOME_ENV, default_cache
-from streaming.config import PROJECT_ROOT, Settings, load_settings, read_secrets_file
+from streaming.core.config import PROJECT_ROOT, Settings, load_settings, read_secrets_file
 from tests.helpers import free_port_pair
 
 REUSE_ENV = "IOTLAKE_TEST_REUSE_STACK"

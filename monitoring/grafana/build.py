@@ -2,7 +2,7 @@
 
 Each panel is declared once here with its unit, description and PromQL; the committed JSON is this module's
 output (tests/unit/test_dashboards.py checks that they match, that every panel has a unit, a description and
-a datasource, and that every metric it queries is defined in streaming/metrics.py).
+a datasource, and that every metric it queries is defined in a process's metrics module).
 Range selectors use Grafana's `$__rate_interval`; the integration test substitutes a real window.
 """
 
@@ -585,24 +585,28 @@ def metric_names(expr: str) -> set[str]:
     return set(_METRIC.findall(_LABEL_CONTEXT.sub(" ", expr)))
 
 
+# Where each process defines its metrics: the job, the sidecar, the simulator.
+METRICS_MODULES = ("streaming.pipeline.metrics", "streaming.lake.metrics", "producers.metrics")
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
 
 
 def defined_metric_names() -> set[str]:
-    """Every sample name of every metrics class in streaming/metrics.py (each built on a fresh registry)."""
+    """Every sample name of every process's metrics classes (each built on a fresh registry)."""
+    import importlib
+
     from prometheus_client import CollectorRegistry
 
-    import streaming.metrics
-
     names: set[str] = set()
-    classes: list[tuple[str, Any]] = inspect.getmembers(streaming.metrics, inspect.isclass)
-    for _, cls in classes:
-        if cls.__module__ != streaming.metrics.__name__ or "registry" not in getattr(cls, "__dataclass_fields__", {}):
-            continue
-        registry = CollectorRegistry()
-        cls(registry=registry)
-        for family in registry.collect():
-            names |= {family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",))}
+    for module_name in METRICS_MODULES:
+        module = importlib.import_module(module_name)
+        classes: list[tuple[str, Any]] = inspect.getmembers(module, inspect.isclass)
+        for _, cls in classes:
+            if cls.__module__ != module.__name__ or "registry" not in getattr(cls, "__dataclass_fields__", {}):
+                continue
+            registry = CollectorRegistry()
+            cls(registry=registry)
+            for family in registry.collect():
+                names |= {family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",))}
     return names
 
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.config import load_settings
-from streaming.session import build_session
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
 
 
 @pytest.fixture(scope="session")

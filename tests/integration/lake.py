@@ -20,11 +20,11 @@ from pyspark.sql import SparkSession
 from producers.cli import main as sensor_sim
 from producers.faults import REASON_BY_KIND
 from stack import secrets as stack_secrets
-from streaming.config import Settings, load_settings
-from streaming.delta_rs import delta_rs_uri, delta_storage_options
-from streaming.faults import CRASH_ENV, Faults
-from streaming.ingest import BatchReport, run
-from streaming.preflight import minio_client
+from streaming.core.config import Settings, load_settings
+from streaming.core.preflight import minio_client
+from streaming.core.storage import delta_rs_uri, delta_storage_options
+from streaming.pipeline.faults import CRASH_ENV, Faults
+from streaming.pipeline.ingest import BatchReport, run
 
 
 def simulate(settings: Settings, out: Path, *flags: str, count: int = 20_000, seed: int = 7) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings
+from streaming.core.config import Settings
 from tests.integration.lake import ingest, read_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings
-from streaming.errors import CheckpointError
+from streaming.core.config import Settings
+from streaming.core.errors import CheckpointError
 from tests.helpers import wait_for
 from tests.integration.lake import (
     assert_tables_match,

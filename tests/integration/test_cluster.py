@@ -16,7 +16,7 @@ import pytest
 
 from stack import StackLayout, proc, spark_cluster, status, up
 from stack import secrets as sec
-from streaming.config import Settings, load_settings, read_secrets_file
+from streaming.core.config import Settings, load_settings, read_secrets_file
 from tests.helpers import free_port_pair, wait_for
 from tests.integration.lake import assert_tables_match, explain, run_ingest, simulate
 from tests.integration.test_pipeline import FAULTS

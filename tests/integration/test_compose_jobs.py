@@ -15,7 +15,7 @@ from minio import Minio
 from minio.error import S3Error
 
 from stack import secrets as sec
-from streaming.config import PROJECT_ROOT, load_settings
+from streaming.core.config import PROJECT_ROOT, load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,7 @@ from stack import ensure_topic
 from stack import prometheus as prom
 from stack.addresses import free_port
 from stack.layout import StackLayout
-from streaming.config import PROJECT_ROOT, Settings, load_settings
+from streaming.core.config import PROJECT_ROOT, Settings, load_settings
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -23,9 +23,9 @@ import pytest
 from deltalake import DeltaTable
 
 from stack import proc
-from streaming.config import Settings
-from streaming.delta_rs import delta_rs_uri
-from streaming.status import committed_offsets
+from streaming.core.config import Settings
+from streaming.core.storage import delta_rs_uri
+from streaming.lake.status import committed_offsets
 from tests.helpers import wait_for
 from tests.integration.lake import explain, reader_options, simulate
 

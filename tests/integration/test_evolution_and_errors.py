@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings
-from streaming.errors import CheckpointError
+from streaming.core.config import Settings
+from streaming.core.errors import CheckpointError
 from tests.helpers import free_port_pair
 from tests.integration.lake import explain, ingest, read_table, simulate
 

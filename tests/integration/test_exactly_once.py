@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings
+from streaming.core.config import Settings
 from tests.integration.lake import delta_log_actions, explain, ingest, read_table, run_ingest, simulate
 from tests.integration.test_pipeline import FAULTS, assert_tables_match
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings
-from streaming.preflight import minio_client
-from streaming.tables import has_commit
+from streaming.core.config import Settings
+from streaming.core.preflight import minio_client
+from streaming.pipeline.tables import has_commit
 from tests.helpers import wait_for
 from tests.integration.lake import assert_tables_match, explain, ingest, kill_job, run_ingest, simulate, start_ingest
 from tests.integration.test_pipeline import FAULTS

@@ -18,8 +18,8 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from stack import StackLayout, kafka, proc
 from stack.install import install
 from stack.layout import default_cache
-from streaming.config import Settings, load_settings
-from streaming.status import committed_offsets
+from streaming.core.config import Settings, load_settings
+from streaming.lake.status import committed_offsets
 from tests.helpers import free_port, free_port_pair, wait_for
 from tests.integration.lake import assert_tables_match, simulate
 from tests.integration.test_pipeline import FAULTS

@@ -15,7 +15,7 @@ from stack import StackLayout
 from stack import kafka as stack_kafka
 from stack import proc as stack_proc
 from stack import secrets as sec
-from streaming.config import Settings
+from streaming.core.config import Settings
 from tests.integration.lake import explain, read_table, run_ingest, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -16,13 +16,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from stack.addresses import free_port
-from streaming.config import Settings, load_settings
-from streaming.delta_rs import delta_rs_uri
-from streaming.errors import VacuumRefusedError
-from streaming.maintenance import Maintainer
-from streaming.metrics import MaintenanceMetrics, scrape
-from streaming.schema import READINGS_COLUMNS
-from streaming.tables import LakeTables
+from streaming.core.config import Settings, load_settings
+from streaming.core.errors import VacuumRefusedError
+from streaming.core.prometheus import scrape
+from streaming.core.storage import delta_rs_uri
+from streaming.lake.maintenance import Maintainer
+from streaming.lake.metrics import MaintenanceMetrics
+from streaming.pipeline.schema import READINGS_COLUMNS
+from streaming.pipeline.tables import LakeTables
 from tests.helpers import wait_for
 from tests.integration.lake import assert_tables_match, explain, ingest, read_table, reader_options, simulate
 

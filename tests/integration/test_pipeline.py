@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings
+from streaming.core.config import Settings
 from tests.integration.lake import assert_tables_match, explain, ingest, read_table, run_ingest, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings, load_settings
+from streaming.core.config import Settings, load_settings
 from tests.integration.lake import assert_tables_match, explain, ingest, read_table, run_ingest, simulate
 from tests.integration.test_pipeline import FAULTS
 from tests.unit.test_batch import EXTREME_TIMES, encode, event

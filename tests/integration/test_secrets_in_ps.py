@@ -16,7 +16,7 @@ import pytest
 
 from stack import StackLayout
 from stack import proc as stack_proc
-from streaming.config import PROJECT_ROOT, Settings
+from streaming.core.config import PROJECT_ROOT, Settings
 from tests.helpers import wait_for
 from tests.integration.lake import stop_job
 

@@ -10,10 +10,10 @@ from confluent_kafka import Consumer
 
 from producers.cli import parse_config, run
 from producers.faults import DUPLICATE, LATE, MALFORMED_KINDS, OUT_OF_ORDER, VALID
+from producers.metrics import SimulatorMetrics
 from producers.options import SimOptions
 from producers.stream import EventStream, simulate, wall_clock_ms
-from streaming.config import Settings
-from streaming.metrics import SimulatorMetrics
+from streaming.core.config import Settings
 from tests.unit.test_simulator_cli import FAULT_FLAGS, comparable, recent_start
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from minio import Minio
 from stack import StackLayout, proc, status, up
 from stack import prometheus as prom
 from stack.addresses import minio_api
-from streaming.config import Settings
+from streaming.core.config import Settings
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration

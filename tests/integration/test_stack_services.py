@@ -21,8 +21,8 @@ from stack import StackLayout, down, status, up
 from stack import kafka as stack_kafka
 from stack import secrets as sec
 from stack.addresses import minio_api
-from streaming.config import PROJECT_ROOT, Settings, load_settings
-from streaming.errors import StackError
+from streaming.core.config import PROJECT_ROOT, Settings, load_settings
+from streaming.core.errors import StackError
 from tests.helpers import free_port_pair, wait_for
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """`make run`'s supervisor with the real streaming job: SIGKILL it mid-stream, see it restarted and catch up.
 
-No `make run` here: the test builds the same supervisor `run_pipeline` uses (stack.run.supervisor) and
+No `make run` here: the test builds the same supervisor `run_pipeline` uses (streaming.cli.run.supervisor) and
 ticks it itself.
 """
 
@@ -17,9 +17,9 @@ from stack import StackLayout, proc
 from stack import run as stack_run
 from stack.addresses import free_port
 from stack.supervise import RestartPolicy, Supervisor
-from streaming.config import PROJECT_ROOT, Settings, load_settings
-from streaming.metrics import scrape
-from streaming.status import stream_status
+from streaming.core.config import PROJECT_ROOT, Settings, load_settings
+from streaming.core.prometheus import scrape
+from streaming.lake.status import stream_status
 from tests.helpers import wait_for
 from tests.integration.lake import simulate
 

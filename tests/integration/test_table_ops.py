@@ -25,8 +25,8 @@ from confluent_kafka import Producer
 
 from stack import ensure_topic
 from streaming.cli import main as iotlake_main
-from streaming.config import Settings, load_settings
-from streaming.preflight import minio_client
+from streaming.core.config import Settings, load_settings
+from streaming.core.preflight import minio_client
 from tests.integration.lake import ingest, read_table, reader_options, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -86,7 +86,7 @@ def lake(
         ingest(spark, env)
         from deltalake import DeltaTable
 
-        from streaming.delta_rs import delta_rs_uri, delta_storage_options
+        from streaming.core.storage import delta_rs_uri, delta_storage_options
 
         table = DeltaTable(
             delta_rs_uri(settings.storage.table_uri("readings")), storage_options=delta_storage_options(settings)
@@ -256,7 +256,7 @@ def test_delete_device_purges_every_table_and_reports_what_vacuum_needs(lake: La
 def devices_at(lake: Lake, table: str, version: int | None = None) -> set[str]:
     from deltalake import DeltaTable
 
-    from streaming.delta_rs import delta_rs_uri
+    from streaming.core.storage import delta_rs_uri
 
     uri = delta_rs_uri(lake.settings.storage.table_uri(table))
     delta = DeltaTable(uri, version=version, storage_options=reader_options(lake.settings, lake.secrets))

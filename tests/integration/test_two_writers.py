@@ -4,7 +4,7 @@
     round after round. PutIfAbsentLogStore: exactly one wins each round, the other gets
     FileAlreadyExistsException. Negative control, Delta's S3SingleDriverLogStore: both "win" in some round,
     so one commit was silently overwritten.
-(b) Two Spark drivers, built by streaming.session with the default config, append concurrently to one table:
+(b) Two Spark drivers, built by streaming.core.session with the default config, append concurrently to one table:
     every commit and every row is there.
 """
 
@@ -25,11 +25,11 @@ from typing import IO, Any
 import pytest
 from deltalake import DeltaTable
 
-from streaming import logstore
-from streaming.config import PROJECT_ROOT, Settings, load_settings, resolve_path
-from streaming.delta_rs import delta_rs_uri, delta_storage_options
-from streaming.preflight import minio_client
-from streaming.session import session_conf, storage_credentials
+from streaming.core import logstore
+from streaming.core.config import PROJECT_ROOT, Settings, load_settings, resolve_path
+from streaming.core.preflight import minio_client
+from streaming.core.session import session_conf
+from streaming.core.storage import delta_rs_uri, delta_storage_options, storage_credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from streaming.config import Settings
-from streaming.errors import VacuumRefusedError
-from streaming.maintenance import check_vacuum, table_retention_s
-from streaming.status import latest_offsets
+from streaming.core.config import Settings
+from streaming.core.errors import VacuumRefusedError
+from streaming.lake.maintenance import check_vacuum, table_retention_s
+from streaming.lake.status import latest_offsets
 
 pytestmark = pytest.mark.integration
 

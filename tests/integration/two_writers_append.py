@@ -1,7 +1,7 @@
 """One Spark driver of the two-writer test: appends small batches to one Delta table, started by a go file.
 
 Run by tests/integration/test_two_writers.py as `python -m tests.integration.two_writers_append ...` with the
-test's environment (IOTLAKE_*), so it builds its session exactly as the jobs do (streaming.session).
+test's environment (IOTLAKE_*), so it builds its session exactly as the jobs do (streaming.core.session).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from streaming.config import load_settings
-from streaming.session import build_session
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
 
 GO_TIMEOUT_S = 600.0
 

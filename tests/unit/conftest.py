@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings, load_settings
-from streaming.session import build_session
+from streaming.core.config import Settings, load_settings
+from streaming.core.session import build_session
 
 
 @pytest.fixture(scope="session")

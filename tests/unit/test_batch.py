@@ -12,9 +12,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming import batch
-from streaming.config import Settings, load_settings
-from streaming.rules import Rules, compact
+from streaming.core.config import Settings, load_settings
+from streaming.pipeline import batch
+from streaming.pipeline.rules import Rules, compact
 
 pytestmark = pytest.mark.unit
 
@@ -205,7 +205,7 @@ def test_schema_evolution_allows_new_fields_and_infers_types(spark: SparkSession
 def test_type_conflict_with_an_evolved_column_is_quarantined(spark: SparkSession, local_settings: Settings) -> None:
     from pyspark.sql import types as T
 
-    from streaming.schema import Column
+    from streaming.pipeline.schema import Column
 
     settings = replace(local_settings, schema_evolution=replace(local_settings.schema_evolution, add_new_fields=True))
     rules = replace(Rules.from_settings(settings), extra_columns=(Column("wind_ms", T.DoubleType(), ""),))

@@ -64,7 +64,7 @@ def test_cpu_seconds_count_a_process_that_started_between_looks_from_zero() -> N
 
 def test_the_sampler_sees_a_child_process_its_memory_and_its_cpu() -> None:
     """A real child that holds 64 MiB and spins: its tree's RSS and CPU show up in the samples."""
-    script = "import time\nb = b\"x\" * (64 << 20)\nt = time.time()\nwhile time.time() - t < 30: pass\n"
+    script = 'import time\nb = b"x" * (64 << 20)\nt = time.time()\nwhile time.time() - t < 30: pass\n'
     child = subprocess.Popen([sys.executable, "-c", script])
     try:
         with ProcSampler(interval=0.2) as sampler:
@@ -233,7 +233,7 @@ STREAM_WRITE = "Delta: iotlake_ingest\nid = 8f0c\nrunId = 3a1b\nbatch = 0: Writi
 
 def test_the_profile_groups_each_batchs_spark_jobs_and_counts_overlaps_once() -> None:
     from bench.profile import batch_profile, busy_seconds, parse_event_log
-    from streaming.ingest import BatchReport
+    from streaming.pipeline.ingest import BatchReport
 
     lines = [
         '{"Event": "SparkListenerApplicationStart"}',

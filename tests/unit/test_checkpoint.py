@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.checkpoint import CheckpointLock, CheckpointState, check_not_older, newest_batch, tables_ahead
-from streaming.errors import CheckpointError
-from streaming.hadoop_fs import HadoopFiles
-from streaming.tables import clear_uncommitted_log, has_commit
+from streaming.core.errors import CheckpointError
+from streaming.core.hadoop_fs import HadoopFiles
+from streaming.pipeline.checkpoint import CheckpointLock, CheckpointState, check_not_older, newest_batch, tables_ahead
+from streaming.pipeline.tables import clear_uncommitted_log, has_commit
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ commands against the CLIs' own argparse parsers (and Spark's own usage text), en
 through the real config loader, metric ports against Prometheus' targets, mounts against the tree.
 
 Every interface the file relies on (`iotlake maintain`, the maintenance.* settings, `sensor-sim
---metrics-port`/`--metrics-host`, monitoring/, streaming/logstore.py) is required: a missing one fails its
+--metrics-port`/`--metrics-host`, monitoring/, streaming/core/logstore.py) is required: a missing one fails its
 test with an assertion naming it. Nothing here is skipped.
 """
 
@@ -41,9 +41,9 @@ from stack import cli as stack_cli
 from stack import compose
 from stack import secrets as sec
 from stack.layout import StackLayout
-from streaming.config import PROJECT_ROOT, Settings, load_settings
-from streaming.errors import StackError
-from streaming.session import uses_preinstalled_jars
+from streaming.core.config import PROJECT_ROOT, Settings, load_settings
+from streaming.core.errors import StackError
+from streaming.core.session import uses_preinstalled_jars
 from tests.helpers import free_port_pair
 
 pytestmark = pytest.mark.unit
@@ -308,7 +308,7 @@ def test_the_spark_cluster_profile_authenticates_with_a_generated_secret(
 def test_iotlake_environment_loads_through_the_real_config_loader(
     services: dict[str, dict[str, Any]], env: dict[str, str]
 ) -> None:
-    assert "maintenance" in Settings.__dataclass_fields__, "streaming.config.Settings has no maintenance section"
+    assert "maintenance" in Settings.__dataclass_fields__, "streaming.core.config.Settings has no maintenance section"
     for name in ("ingest", "maintain", "minio-init"):
         svc = services[name]
         settings = settings_for(svc)
@@ -614,16 +614,16 @@ def test_dockerfile_bakes_the_jars_and_runs_unprivileged() -> None:
     text = DOCKERFILE.read_text()
     stages = re.findall(r"^FROM \S+ AS (\w+)$", text, re.MULTILINE)
     assert stages[-1] == "runtime" and "build" in stages
-    assert "RUN python -m streaming.session" in text, "the project's resolver runs at build time"
+    assert "RUN python -m streaming.core.session" in text, "the project's resolver runs at build time"
     assert text.count("IOTLAKE_SPARK__IVY_CACHE=/opt/iotlake/ivy") == 2, "same Ivy path when built and when run"
     assert re.search(r"^USER iotlake$", text, re.MULTILINE)
     assert re.search(r"^HEALTHCHECK .*\n?.*stack\", \"probe\"", text, re.MULTILINE)
     assert text.count("IOTLAKE_CACHE=/opt/iotlake/cache") == 2, "the log store jar is found where it was built"
     assert "ARG WITH_LOGSTORE=true" in text
-    from streaming import logstore  # the build step calls it by name
+    from streaming.core import logstore  # the build step calls it by name
 
     assert callable(getattr(logstore, "ensure_jar", None)), (
-        "Dockerfile builds the jar with streaming.logstore.ensure_jar()"
+        "Dockerfile builds the jar with streaming.core.logstore.ensure_jar()"
     )
     for name in ("secret", "password"):
         assert not re.search(rf"^(ENV|ARG) .*{name}", text, re.IGNORECASE | re.MULTILINE)

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from streaming import cli
-from streaming.config import load_settings, parse_duration
-from streaming.errors import ConfigError
+from streaming.core.config import load_settings, parse_duration
+from streaming.core.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """The Grafana dashboards: generated from monitoring/grafana/build.py, every panel documented and querying only
-metrics that streaming/metrics.py defines. (Every query is run against a real Prometheus in
+metrics that the processes' metrics modules define. (Every query is run against a real Prometheus in
 tests/integration/test_dashboards.py.)"""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 from monitoring.grafana import build
 from stack.install import promtool_binary
 from stack.layout import StackLayout
-from streaming.config import PROJECT_ROOT
+from streaming.core.config import PROJECT_ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +63,7 @@ def test_panels_query_only_defined_metrics() -> None:
         for name in build.metric_names(target["expr"])
         if name not in known
     }
-    assert unknown == set(), "panels query metrics that streaming/metrics.py doesn't define"
+    assert unknown == set(), "panels query metrics that no metrics module defines"
 
 
 def test_metric_name_extraction() -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streaming.config import MaintenanceConfig, Settings, load_settings
-from streaming.errors import ConfigError, VacuumRefusedError
-from streaming.health import (
+from streaming.core.config import MaintenanceConfig, Settings, load_settings
+from streaming.core.errors import ConfigError, VacuumRefusedError, is_conflict
+from streaming.lake.health import (
     UNPARTITIONED,
     Commit,
     DataFile,
@@ -30,10 +30,9 @@ from streaming.health import (
     table_health,
     vacuum_due,
 )
-from streaming.lakelog import list_objects, read_table
-from streaming.maintenance import Backoff, manual_tasks, partition_predicate
-from streaming.metrics import MaintenanceMetrics
-from streaming.tables import is_conflict
+from streaming.lake.lakelog import list_objects, read_table
+from streaming.lake.maintenance import Backoff, manual_tasks, partition_predicate
+from streaming.lake.metrics import MaintenanceMetrics
 
 pytestmark = pytest.mark.unit
 
@@ -369,7 +368,7 @@ def test_cluster_by_cannot_be_combined_with_partitioning(tmp_path: Path) -> None
 
 
 def test_a_table_write_that_loses_a_conflict_is_retried_with_backoff_and_counted() -> None:
-    from streaming.tables import retry_on_conflict
+    from streaming.pipeline.tables import retry_on_conflict
 
     outcomes: list[BaseException | str] = [RuntimeError("ConcurrentAppendException: files added")] * 2 + ["ok"]
     conflicts: list[str] = []
@@ -400,7 +399,7 @@ def test_a_table_write_that_loses_a_conflict_is_retried_with_backoff_and_counted
 
 
 def test_retain_keeps_what_the_next_health_needs_and_drops_the_rest() -> None:
-    from streaming.health import retain
+    from streaming.lake.health import retain
 
     minute = 60_000
     commits = [

@@ -10,9 +10,9 @@ import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient
 
-from streaming import preflight
-from streaming.config import KafkaConfig, Settings
-from streaming.errors import ConfigError, CredentialsError, ServiceUnreachableError
+from streaming.core import preflight
+from streaming.core.config import KafkaConfig, Settings
+from streaming.core.errors import ConfigError, CredentialsError, ServiceUnreachableError
 
 pytestmark = pytest.mark.unit
 
@@ -265,7 +265,7 @@ def test_a_broker_that_does_not_answer_is_still_explained_as_before() -> None:
 
 
 def test_spark_refusing_the_credentials_is_explained() -> None:
-    from streaming.ingest import _explain
+    from streaming.pipeline.ingest import _explain
 
     error = _explain(
         RuntimeError(

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from streaming import logstore
 from streaming.cli import main as iotlake
-from streaming.config import Settings, load_settings
-from streaming.errors import ConfigError
-from streaming.session import session_conf
+from streaming.core import logstore
+from streaming.core.config import Settings, load_settings
+from streaming.core.errors import ConfigError
+from streaming.core.session import session_conf
 
 pytestmark = pytest.mark.unit
 

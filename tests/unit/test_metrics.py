@@ -7,7 +7,9 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from streaming.metrics import IngestMetrics, MaintenanceMetrics, kafka_lag, samples
+from streaming.core.prometheus import samples
+from streaming.lake.metrics import MaintenanceMetrics
+from streaming.pipeline.metrics import IngestMetrics, kafka_lag
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +64,7 @@ def test_freshness_is_now_minus_the_newest_committed_event_at_scrape_time() -> N
 def test_every_metric_follows_the_naming_convention_and_has_help() -> None:
     import re
 
-    from streaming.metrics import MaintenanceMetrics
+    from streaming.lake.metrics import MaintenanceMetrics
 
     for registry in (IngestMetrics().registry, MaintenanceMetrics().registry):
         for family in registry.collect():
@@ -75,7 +77,7 @@ def test_every_metric_follows_the_naming_convention_and_has_help() -> None:
 def test_a_metrics_port_in_use_is_a_config_error_naming_the_key() -> None:
     import socket
 
-    from streaming.errors import ConfigError
+    from streaming.core.errors import ConfigError
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))

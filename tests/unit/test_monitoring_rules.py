@@ -14,7 +14,7 @@ import yaml
 from stack import prometheus as prom
 from stack.install import promtool_binary
 from stack.layout import StackLayout
-from streaming.config import PROJECT_ROOT, load_settings
+from streaming.core.config import PROJECT_ROOT, load_settings
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ from decimal import Decimal
 import pytest
 
 from streaming.cli import build_parser, main
-from streaming.config import Settings, TableConfig, TablesConfig
-from streaming.errors import (
+from streaming.core.config import Settings, TableConfig, TablesConfig
+from streaming.core.errors import (
     ConcurrentWriteError,
     ConfirmationRequiredError,
     InvalidTimestampError,
@@ -20,7 +20,7 @@ from streaming.errors import (
     UnknownTableError,
     VersionNotFoundError,
 )
-from streaming.ops import (
+from streaming.lake.ops import (
     DeleteReport,
     DeviceDeletion,
     HistoryEntry,
@@ -257,8 +257,8 @@ def test_errors_found_before_spark_exit_2_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO())
-    monkeypatch.setattr("streaming.ops.purges_after", lambda settings, table, version: (5, []))
-    monkeypatch.setattr("streaming.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
+    monkeypatch.setattr("streaming.lake.ops.purges_after", lambda settings, table, version: (5, []))
+    monkeypatch.setattr("streaming.core.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
     assert main(["history", "sensors"]) == 2
     assert capsys.readouterr().err.startswith("iotlake: error: Unknown table 'sensors'.")
     assert main(["show", "readings", "--timestamp", "soon"]) == 2
@@ -277,8 +277,8 @@ def test_restore_across_a_purge_is_refused_unattended_naming_the_device(
 ) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO())
     purges = [Purge(8, "dev-7", "2026-11-30T00:55:50.000+00:00")]
-    monkeypatch.setattr("streaming.ops.purges_after", lambda settings, table, version: (9, purges))
-    monkeypatch.setattr("streaming.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
+    monkeypatch.setattr("streaming.lake.ops.purges_after", lambda settings, table, version: (9, purges))
+    monkeypatch.setattr("streaming.core.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
     assert main(["restore", "readings", "--version", "4"]) == 2
     err = capsys.readouterr().err
     assert "stdin is not a terminal" in err and "Add --yes" in err and "Traceback" not in err
@@ -289,7 +289,7 @@ def test_writes_are_refused_before_spark_when_the_log_store_is_single_driver(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("IOTLAKE_STORAGE__LOG_STORE", "single_driver")
-    monkeypatch.setattr("streaming.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
+    monkeypatch.setattr("streaming.core.session.build_session", lambda *a, **k: pytest.fail("started Spark first"))
     assert main(["restore", "readings", "--version", "1", "--yes"]) == 2
     err = capsys.readouterr().err
     assert "`iotlake restore` / `delete-device` writes beside the stream" in err and "put_if_absent" in err

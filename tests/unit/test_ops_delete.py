@@ -18,12 +18,12 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from streaming import batch
-from streaming.config import Settings
-from streaming.errors import ConcurrentWriteError
-from streaming.ops import QUARANTINE_MATCH, TableOps
-from streaming.rules import Rules
-from streaming.tables import LakeTables
+from streaming.core.config import Settings
+from streaming.core.errors import ConcurrentWriteError
+from streaming.lake.ops import QUARANTINE_MATCH, TableOps
+from streaming.pipeline import batch
+from streaming.pipeline.rules import Rules
+from streaming.pipeline.tables import LakeTables
 from tests.unit.test_batch import NOW, NOW_MS, RAW_SCHEMA, encode, event
 from tests.unit.test_tables import write
 

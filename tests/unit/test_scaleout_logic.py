@@ -10,8 +10,8 @@ import pytest
 from stack import cli, kafka, spark_cluster
 from stack.addresses import HostPort, kafka_listeners
 from stack.layout import StackLayout
-from streaming.config import load_settings
-from streaming.errors import ConfigError, StackError
+from streaming.core.config import load_settings
+from streaming.core.errors import ConfigError, StackError
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from streaming.config import load_settings
-from streaming.errors import ConfigError, CredentialsError
-from streaming.session import (
+from streaming.core.config import load_settings
+from streaming.core.errors import ConfigError, CredentialsError
+from streaming.core.session import (
     SUBMIT_ARGS,
     _auth_properties,
     _submit_args,
@@ -21,9 +21,9 @@ from streaming.session import (
     resolved_jars,
     session_conf,
     split_credentials,
-    storage_credentials,
     uses_preinstalled_jars,
 )
+from streaming.core.storage import storage_credentials
 
 pytestmark = pytest.mark.unit
 

@@ -15,9 +15,9 @@ from producers.accounting import Accounting
 from producers.backends import KafkaPythonBackend, KafkaTarget
 from producers.cli import counted, main, parse_config, run
 from producers.faults import DUPLICATE, LATE, MALFORMED_KINDS, OUT_OF_ORDER, VALID
+from producers.metrics import SimulatorMetrics
 from producers.options import SimOptions
 from producers.stream import EventStream
-from streaming.metrics import SimulatorMetrics
 from tests.helpers import free_port
 from tests.unit.test_simulator_cli import FAULT_FLAGS, fake_kafka_module, recent_start
 

@@ -14,8 +14,8 @@ from stack import cli, kafka, minio, proc
 from stack import secrets as sec
 from stack.addresses import HostPort, kafka_controller, kafka_listener, minio_api, minio_console
 from stack.layout import StackLayout
-from streaming.config import load_settings
-from streaming.errors import ConfigError, StackError
+from streaming.core.config import load_settings
+from streaming.core.errors import ConfigError, StackError
 
 pytestmark = pytest.mark.unit
 
@@ -450,17 +450,6 @@ def test_cli_status_formats_one_line_per_service() -> None:
     assert lines[2].split()[:4] == ["prometheus", "running", "pid", "12"]
 
 
-def test_cli_picks_up_an_extension_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    (tmp_path / "fake_stack_ext.py").write_text(
-        "def register(sub, common):\n"
-        "    p = sub.add_parser('hello', parents=[common])\n"
-        "    p.set_defaults(func=lambda args: 7)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "EXTENSIONS", ("fake_stack_ext", "no_such_module_here"))
-    assert cli.main(["hello", "--config", "x.yaml"]) == 7
-
-
 def test_python_dash_m_stack_help_runs() -> None:
     root = str(Path(__file__).parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -473,7 +462,7 @@ def test_python_dash_m_stack_help_runs() -> None:
         env=env,
     )
     assert done.returncode == 0, done.stderr
-    for command in ("install", "up", "down", "status"):
+    for command in ("install", "up", "down", "status", "secrets", "bootstrap", "probe", "daemon"):
         assert command in done.stdout
 
 

@@ -18,8 +18,8 @@ from stack import run as stack_run
 from stack.install import Installed
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
-from streaming.config import load_settings
-from streaming.errors import StackError
+from streaming.core.config import load_settings
+from streaming.core.errors import StackError
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ import yaml
 
 from stack import prometheus as prom
 from stack.layout import StackLayout
-from streaming.config import load_settings
-from streaming.errors import ConfigError, StackError
+from streaming.core.config import load_settings
+from streaming.core.errors import ConfigError, StackError
 
 pytestmark = pytest.mark.unit
 

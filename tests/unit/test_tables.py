@@ -11,16 +11,16 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from streaming import batch
-from streaming.batch import MAX_TIME_RANGES, time_ranges
-from streaming.batch_clock import CLOCK_DIR, PRUNE_EVERY, RETAINED, BatchClocks
-from streaming.config import Settings
-from streaming.errors import CheckpointError
-from streaming.hadoop_fs import HadoopFiles
-from streaming.ingest import BatchWriter
-from streaming.metrics import IngestMetrics
-from streaming.rules import Rules
-from streaming.tables import LakeTables, Txn, readings_merge_condition
+from streaming.core.config import Settings
+from streaming.core.errors import CheckpointError
+from streaming.core.hadoop_fs import HadoopFiles
+from streaming.pipeline import batch
+from streaming.pipeline.batch import MAX_TIME_RANGES, time_ranges
+from streaming.pipeline.batch_clock import CLOCK_DIR, PRUNE_EVERY, RETAINED, BatchClocks
+from streaming.pipeline.ingest import BatchWriter
+from streaming.pipeline.metrics import IngestMetrics
+from streaming.pipeline.rules import Rules
+from streaming.pipeline.tables import LakeTables, Txn, readings_merge_condition
 from tests.unit.test_batch import NOW, NOW_MS, encode, event, kafka_rows
 
 pytestmark = pytest.mark.unit

@@ -25,11 +25,11 @@ from stack import api, logkeeper, logrotate, proc
 from stack import prometheus as prom
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
-from streaming.config import Settings, load_settings
-from streaming.errors import StackError, first_line
-from streaming.lakelog import open_table
-from streaming.metrics import scrape
-from streaming.status import stream_status, table_status
+from streaming.core.config import Settings, load_settings
+from streaming.core.errors import StackError, first_line
+from streaming.core.prometheus import scrape
+from streaming.lake.lakelog import open_table
+from streaming.lake.status import stream_status, table_status
 
 REFRESH_S = 2.0
 INGEST_START_TIMEOUT_S = 300.0
@@ -341,10 +341,9 @@ def print_summary(
     )
 
 
-def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    parser = sub.add_parser(
-        "run", parents=[common], help="the whole pipeline live (stack, ingest, simulator), then a summary"
-    )
+def add_parser(sub: Any) -> None:
+    """`iotlake run`: the whole pipeline live, then a summary (the README's first command, via `make run`)."""
+    parser = sub.add_parser("run", help="the whole pipeline live (stack, ingest, simulator), then a summary")
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of simulated traffic (default 120)")
     parser.add_argument("--rate", type=int, default=5000, help="events per second from sensor-sim (default 5000)")
     parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
@@ -362,11 +361,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         default=default.window_s,
         help=f"seconds over which deaths count against --max-restarts (default {default.window_s:.0f})",
     )
-    parser.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from stack.cli import layout, load_settings_from
-
+def run(settings: Settings, args: argparse.Namespace) -> int:
     policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
-    return run_pipeline(load_settings_from(args), layout(), args.duration, args.rate, args.devices, policy)
+    return run_pipeline(settings, StackLayout.default(), args.duration, args.rate, args.devices, policy)

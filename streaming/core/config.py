@@ -12,11 +12,13 @@ from typing import Any
 
 import yaml
 
-from streaming.errors import ConfigError
+from streaming.core.errors import ConfigError
 
 ENV_PREFIX = "IOTLAKE_"
 ENV_NESTING = "__"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+CACHE_ENV = "IOTLAKE_CACHE"
+DEFAULT_CACHE = "~/.cache/iotlake"
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "default.yaml"
 SECRET_KEYS = frozenset({"access_key", "secret_key"})
 # kafka.options and spark.conf keys whose values are shown as '***' (case-insensitive): passwords, JAAS configs
@@ -52,7 +54,7 @@ STRUCTURAL_RULES = frozenset(
 )
 VALUE_RULES = frozenset({"out_of_range", "event_time_in_future", "event_time_too_old"})
 ALL_RULES = STRUCTURAL_RULES | VALUE_RULES
-# put_if_absent: commits with a conditional PUT, safe with two writer processes (streaming/logstore.py).
+# put_if_absent: commits with a conditional PUT, safe with two writer processes (streaming/core/logstore.py).
 # single_driver: Delta's S3SingleDriverLogStore, safe with one writer process only.
 LOG_STORES = ("put_if_absent", "single_driver")
 
@@ -484,6 +486,12 @@ def read_secrets_file(path: Path) -> dict[str, str]:
             key, _, value = line.partition("=")
             out[key.strip()] = value.strip()
     return out
+
+
+def default_cache(env: Mapping[str, str] | None = None) -> Path:
+    """The download cache, outside the clone: $IOTLAKE_CACHE or ~/.cache/iotlake."""
+    env = os.environ if env is None else env
+    return Path(env.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
 
 
 def resolve_path(path: str, base: Path = PROJECT_ROOT) -> Path:

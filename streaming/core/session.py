@@ -18,9 +18,10 @@ from urllib.parse import urlsplit
 import pyspark
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings, resolve_path
-from streaming.errors import ConfigError, CredentialsError, JavaMissingError
-from streaming.logstore import HADOOP_VERSION, ensure_jar, log_store_conf, needs_jar
+from streaming.core.config import Settings, resolve_path
+from streaming.core.errors import ConfigError, JavaMissingError
+from streaming.core.logstore import HADOOP_VERSION, ensure_jar, log_store_conf, needs_jar
+from streaming.core.storage import storage_conf, storage_credentials
 
 SCALA = "2.13"
 SPARK_VERSION = "4.2.0"
@@ -67,32 +68,6 @@ def check_java() -> None:
 CREDENTIAL_NAME = re.compile(r"secret|password|token|access[.]?key", re.IGNORECASE)
 HADOOP_PREFIX = "spark.hadoop."
 SUBMIT_ARGS = "PYSPARK_SUBMIT_ARGS"
-
-
-def storage_credentials(settings: Settings) -> dict[str, str]:
-    """The writer's key (never the root user) as Hadoop options, for the running JVM (see build_session)."""
-    s = settings.storage
-    if not s.is_s3:
-        return {}
-    if not s.access_key or not s.secret_key:
-        raise CredentialsError(
-            "No S3 credentials for the writer. Run `make up` (it generates the keys into "
-            f"{resolve_path(s.secrets_file)}), or set IOTLAKE_STORAGE__ACCESS_KEY and IOTLAKE_STORAGE__SECRET_KEY."
-        )
-    return {"fs.s3a.access.key": s.access_key, "fs.s3a.secret.key": s.secret_key}
-
-
-def storage_conf(settings: Settings) -> dict[str, str]:
-    """S3A options for the object store, without credentials (storage_credentials has those)."""
-    s = settings.storage
-    if not s.is_s3:
-        return {}
-    return {
-        "spark.hadoop.fs.s3a.endpoint": s.endpoint,
-        "spark.hadoop.fs.s3a.endpoint.region": s.region,
-        "spark.hadoop.fs.s3a.path.style.access": str(s.path_style_access).lower(),
-        "spark.hadoop.fs.s3a.connection.ssl.enabled": str(s.ssl_enabled).lower(),
-    }
 
 
 def split_credentials(conf: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -241,7 +216,7 @@ def preinstalled_classpath(settings: Settings, log_store_jar: Path | None) -> di
         raise ConfigError(
             f"spark.preinstalled_jars is on, but the Delta, Kafka-source and S3A jars were never resolved into "
             f"{resolve_path(settings.spark.ivy_cache)} (no list in {jars_marker(settings)}). Run `make install` "
-            "(or `python -m streaming.session`) on this host and on every worker, or set spark.preinstalled_jars "
+            "(or `python -m streaming.core.session`) on this host and on every worker, or set spark.preinstalled_jars "
             "to false to send the jars with the application."
         )
     shipped = {artifact(p) for p in (Path(pyspark.__file__).resolve().parent / "jars").glob("*.jar")}
@@ -280,8 +255,8 @@ if __name__ == "__main__":
     import sys
     import time
 
-    from streaming.config import load_settings
-    from streaming.errors import IotLakeError
+    from streaming.core.config import load_settings
+    from streaming.core.errors import IotLakeError
 
     started = time.monotonic()
     try:

@@ -16,13 +16,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import SparkSession
-
-from streaming.config import Settings, TableConfig, parse_duration
-from streaming.errors import ConfigError, IotLakeError, ServiceUnreachableError, VacuumRefusedError, first_line
-from streaming.health import (
+from streaming.core.config import Settings, TableConfig, parse_duration
+from streaming.core.errors import (
+    ConfigError,
+    IotLakeError,
+    ServiceUnreachableError,
+    VacuumRefusedError,
+    first_line,
+    is_conflict,
+)
+from streaming.lake.health import (
     UNPARTITIONED,
     Commit,
     CompactionTask,
@@ -36,10 +41,12 @@ from streaming.health import (
     table_health,
     vacuum_due,
 )
-from streaming.lakelog import list_objects, read_table
-from streaming.metrics import MaintenanceMetrics
-from streaming.status import stream_progress
-from streaming.tables import is_conflict
+from streaming.lake.lakelog import list_objects, read_table
+from streaming.lake.metrics import MaintenanceMetrics
+from streaming.lake.status import stream_progress
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -431,9 +438,9 @@ def manual_tasks(health: TableHealth, partition: date | None) -> list[Compaction
 
 def run(settings: Settings, once: bool = False, on_cycle: Callable[[CycleReport], None] | None = None) -> None:
     """The sidecar loop: a cycle every maintenance.interval until SIGINT/SIGTERM (or one with once)."""
-    from streaming.logstore import check_writers_safe
-    from streaming.preflight import check_storage
-    from streaming.session import build_session
+    from streaming.core.logstore import check_writers_safe
+    from streaming.core.preflight import check_storage
+    from streaming.core.session import build_session
 
     check_writers_safe(settings, "maintain")
     check_storage(settings)

@@ -1,4 +1,4 @@
-"""`iotlake`: run the streaming job, inspect the lake, print the effective config."""
+"""`iotlake`: the streaming job, the sidecar, the whole pipeline live (`run`); lake status and table operations."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from dataclasses import asdict
 from datetime import date
 from typing import Any
 
-from streaming.config import DEFAULT_CONFIG_PATH, Settings, load_settings
-from streaming.errors import IotLakeError, first_line
-from streaming.ops import OPS_COMMANDS, add_ops_parsers
+from streaming.cli import run
+from streaming.core.config import DEFAULT_CONFIG_PATH, Settings, load_settings
+from streaming.core.errors import IotLakeError, first_line
+from streaming.lake.ops import OPS_COMMANDS, add_ops_parsers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="print the effective config, secrets masked")
     config.add_argument("--json", action="store_true", help="JSON instead of YAML-ish text")
+    run.add_parser(sub)
     add_ops_parsers(sub)
     return parser
 
@@ -94,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _ingest(settings: Settings, args: argparse.Namespace) -> int:
-    from streaming.faults import Faults
-    from streaming.ingest import run
+    from streaming.pipeline.faults import Faults
+    from streaming.pipeline.ingest import run
 
     reports = run(settings, available_now=args.available_now, faults=Faults.from_env())
     total = sum(r.input_rows for r in reports)
@@ -104,7 +106,7 @@ def _ingest(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _status(settings: Settings, args: argparse.Namespace) -> int:
-    from streaming.status import status
+    from streaming.lake.status import status
 
     data = status(settings)
     if args.json:
@@ -126,7 +128,7 @@ def _status(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _maintain(settings: Settings, args: argparse.Namespace) -> int:
-    from streaming.maintenance import CycleReport, run
+    from streaming.lake.maintenance import CycleReport, run
 
     def show(report: CycleReport) -> None:
         if args.json:
@@ -147,10 +149,10 @@ def _maintain(settings: Settings, args: argparse.Namespace) -> int:
 
 def _one_off(settings: Settings) -> Any:
     """A Maintainer on its own session, for `optimize` / `vacuum` (a second writer, like the sidecar)."""
-    from streaming.logstore import check_writers_safe
-    from streaming.maintenance import Maintainer
-    from streaming.preflight import check_storage
-    from streaming.session import build_session
+    from streaming.core.logstore import check_writers_safe
+    from streaming.core.preflight import check_storage
+    from streaming.core.session import build_session
+    from streaming.lake.maintenance import Maintainer
 
     check_writers_safe(settings, "maintain")
     check_storage(settings)
@@ -158,7 +160,7 @@ def _one_off(settings: Settings) -> Any:
 
 
 def _optimize(settings: Settings, args: argparse.Namespace) -> int:
-    from streaming.maintenance import manual_tasks, table_specs
+    from streaming.lake.maintenance import manual_tasks, table_specs
 
     maintainer = _one_off(settings)
     results = []
@@ -182,8 +184,8 @@ def _optimize(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _vacuum(settings: Settings, args: argparse.Namespace) -> int:
-    from streaming.config import parse_duration
-    from streaming.maintenance import check_vacuum, table_specs
+    from streaming.core.config import parse_duration
+    from streaming.lake.maintenance import check_vacuum, table_specs
 
     retention = parse_duration(args.retention, "--retention") if args.retention else None
     for spec in table_specs(settings, args.table):  # refuse before starting Spark
@@ -223,8 +225,6 @@ _COMMANDS = {
     "optimize": _optimize,
     "vacuum": _vacuum,
     "config": _config,
+    "run": run.run,
     **OPS_COMMANDS,
 }
-
-if __name__ == "__main__":
-    sys.exit(main())

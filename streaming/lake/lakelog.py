@@ -11,10 +11,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from streaming.config import Settings
-from streaming.delta_rs import delta_rs_uri, delta_storage_options
-from streaming.health import UNPARTITIONED, Commit, DataFile, StoredObject
-from streaming.preflight import minio_client
+from streaming.core.config import Settings
+from streaming.core.preflight import minio_client
+from streaming.core.storage import delta_rs_uri, delta_storage_options
+from streaming.lake.health import UNPARTITIONED, Commit, DataFile, StoredObject
 
 
 @dataclass(frozen=True)

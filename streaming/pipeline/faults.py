@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from streaming.config import parse_duration
-from streaming.errors import ConfigError
+from streaming.core.config import parse_duration
+from streaming.core.errors import ConfigError
 
 CRASH_ENV = "IOTLAKE_TEST_CRASH"
 CLOCK_SHIFT_ENV = "IOTLAKE_TEST_CLOCK_SHIFT"

@@ -11,9 +11,9 @@ from urllib.parse import urlparse
 import urllib3
 from minio import Minio
 
-from streaming.config import Settings, is_secret_key
-from streaming.errors import ConfigError, CredentialsError, IotLakeError, ServiceUnreachableError, StorageError
-from streaming.kafka_options import UnmappableKafkaOptions, java_to_librdkafka
+from streaming.core.config import Settings, is_secret_key
+from streaming.core.errors import ConfigError, CredentialsError, IotLakeError, ServiceUnreachableError, StorageError
+from streaming.core.kafka_options import UnmappableKafkaOptions, java_to_librdkafka
 
 __all__ = ["UnmappableKafkaOptions", "check_kafka", "check_storage", "kafka_client", "kafka_client_conf"]
 
@@ -46,7 +46,7 @@ _LIBRDKAFKA_LOG = _LibrdkafkaLog()
 
 
 def kafka_client_conf(settings: Settings) -> dict[str, str]:
-    """librdkafka settings equivalent to the Spark source's `kafka.*` options (streaming.kafka_options).
+    """librdkafka settings equivalent to the Spark source's `kafka.*` options (streaming.core.kafka_options).
 
     Raises UnmappableKafkaOptions when a security option can't be expressed for librdkafka.
     """
@@ -178,7 +178,7 @@ def check_storage(settings: Settings) -> None:
         return
     from minio.error import S3Error
 
-    from streaming.session import storage_credentials
+    from streaming.core.storage import storage_credentials
 
     storage_credentials(settings)  # raises CredentialsError when the keys are missing
     client = minio_client(settings)

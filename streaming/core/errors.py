@@ -79,3 +79,29 @@ def first_line(error: BaseException | str, limit: int = 500) -> str:
     if not text:
         return type(error).__name__ if isinstance(error, BaseException) else ""
     return text.splitlines()[0][:limit]
+
+
+# Delta's optimistic-concurrency losses: another writer (the maintenance sidecar) committed first.
+CONFLICTS = (
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+)
+# Delta's error classes for the same conflicts, as they appear in the message.
+CONFLICT_ERROR_CLASSES = ("DELTA_CONCURRENT_", "DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED")
+
+
+def is_conflict(error: BaseException) -> bool:
+    """A lost race with another writer of the table (try again), not a real failure.
+
+    delta-spark raises its own classes (`delta.exceptions.captured.ConcurrentAppendException`...), whose
+    message carries Delta's error class (`[DELTA_CONCURRENT_APPEND...]`), not the class name.
+    """
+    if {cls.__name__ for cls in type(error).__mro__} & {*CONFLICTS, "DeltaConcurrentModificationException"}:
+        return True
+    text = str(error)[:500]
+    return any(marker in text for marker in (*CONFLICT_ERROR_CLASSES, *CONFLICTS))

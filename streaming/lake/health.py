@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
-from streaming.config import MaintenanceConfig
-from streaming.errors import VacuumRefusedError
+from streaming.core.config import MaintenanceConfig
+from streaming.core.errors import VacuumRefusedError
 
 UNPARTITIONED = ""
 DAY_S = 86_400.0

@@ -11,11 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from streaming.config import Settings
-from streaming.delta_rs import delta_rs_uri, delta_storage_options
-from streaming.errors import ServiceUnreachableError
-from streaming.health import StreamProgress
-from streaming.preflight import (
+from streaming.core.config import Settings
+from streaming.core.errors import ServiceUnreachableError
+from streaming.core.preflight import (
     CHECK_TIMEOUT_S,
     SKIPPED,
     UnmappableKafkaOptions,
@@ -24,6 +22,8 @@ from streaming.preflight import (
     kafka_metadata,
     minio_client,
 )
+from streaming.core.storage import delta_rs_uri, delta_storage_options
+from streaming.lake.health import StreamProgress
 
 
 @dataclass(frozen=True)

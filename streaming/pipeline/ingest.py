@@ -22,20 +22,20 @@ from pyspark.sql.streaming.listener import (
 )
 from pyspark.storagelevel import StorageLevel
 
-from streaming import batch
-from streaming.batch_clock import BatchClocks
-from streaming.checkpoint import CheckpointLock, check_not_older, read_state, txn_versions
-from streaming.config import Settings, parse_duration
-from streaming.delta_rs import delta_storage_options
-from streaming.errors import CheckpointError, CredentialsError, IotLakeError, ValidationFailure
-from streaming.faults import Faults
-from streaming.hadoop_fs import HadoopFiles
-from streaming.logstore import check_writers_safe
-from streaming.metrics import IngestMetrics
-from streaming.preflight import check_kafka, check_storage
-from streaming.rules import Rules
-from streaming.session import build_session
-from streaming.tables import LakeTables, Txn, retry_on_conflict, txn_app_id
+from streaming.core.config import Settings, parse_duration
+from streaming.core.errors import CheckpointError, CredentialsError, IotLakeError, ValidationFailure
+from streaming.core.hadoop_fs import HadoopFiles
+from streaming.core.logstore import check_writers_safe
+from streaming.core.preflight import check_kafka, check_storage
+from streaming.core.session import build_session
+from streaming.core.storage import delta_storage_options
+from streaming.pipeline import batch
+from streaming.pipeline.batch_clock import BatchClocks
+from streaming.pipeline.checkpoint import CheckpointLock, check_not_older, read_state, txn_versions
+from streaming.pipeline.faults import Faults
+from streaming.pipeline.metrics import IngestMetrics
+from streaming.pipeline.rules import Rules
+from streaming.pipeline.tables import LakeTables, Txn, retry_on_conflict, txn_app_id
 
 log = logging.getLogger("iotlake.ingest")
 T = TypeVar("T")
@@ -300,7 +300,7 @@ def claim_checkpoint(files: HadoopFiles, settings: Settings) -> None:
 
 
 def guard_checkpoint(settings: Settings, files: HadoopFiles) -> None:
-    """Refuse a checkpoint older than the tables (streaming.checkpoint), before anything is written."""
+    """Refuse a checkpoint older than the tables (streaming.pipeline.checkpoint), before anything is written."""
     state = read_state(files)
     if state.query_id is None:
         return  # a new checkpoint: a new query id, which no table has seen
@@ -328,7 +328,7 @@ def run(
     """Run the streaming job until stopped (SIGINT/SIGTERM) or, with available_now, until caught up.
 
     Without `spark` the job builds its session and stops it at the end; a given session (one built by
-    streaming.session for the same storage, as the tests share) is used and left running.
+    streaming.core.session for the same storage, as the tests share) is used and left running.
     """
     faults = faults or Faults()
     check_writers_safe(settings, "ingest")

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from streaming.hadoop_fs import HadoopFiles
+from streaming.core.hadoop_fs import HadoopFiles
 
 CLOCK_DIR = "iotlake/clock"
 RETAINED = 200  # Spark keeps 100 batches of offsets; a replay never goes back further than that

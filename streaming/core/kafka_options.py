@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from streaming.errors import ConfigError
+from streaming.core.errors import ConfigError
 
 SPARK_PREFIX = "kafka."
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

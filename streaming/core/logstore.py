@@ -17,13 +17,13 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from streaming.config import Settings, resolve_path
-from streaming.errors import ConfigError, JavaMissingError, StackError
+from streaming.core.config import Settings, default_cache, resolve_path
+from streaming.core.errors import ConfigError, JavaMissingError, StackError
 
 # Spark 4.2's Hadoop: hadoop-aws for S3A (session.EXTRA_PACKAGES) and the classpath the log store compiles on.
 HADOOP_VERSION = "3.5.0"
 LOG_STORE_CLASS = "io.iotlake.storage.PutIfAbsentLogStore"
-SOURCE = Path(__file__).resolve().parent / "jvm" / "io" / "iotlake" / "storage" / "PutIfAbsentLogStore.java"
+SOURCE = Path(__file__).resolve().parents[1] / "jvm" / "io" / "iotlake" / "storage" / "PutIfAbsentLogStore.java"
 JAVAC_TIMEOUT_S = 300
 ROLES = ("ingest", "maintain", "ops")
 
@@ -46,8 +46,6 @@ def jar_name(source: str, delta: str, hadoop: str = HADOOP_VERSION) -> str:
 
 def jar_dir() -> Path:
     """<cache>/jars, beside the other downloads ($IOTLAKE_CACHE or ~/.cache/iotlake)."""
-    from stack.layout import default_cache
-
     return default_cache() / "jars"
 
 
@@ -124,7 +122,7 @@ def compile_classpath(settings: Settings) -> list[Path]:
     if missing:
         raise StackError(
             f"Can't build the log store: {', '.join(missing)} not found. Resolve Spark's jars first with "
-            "`make install` (or `python -m streaming.session`)."
+            "`make install` (or `python -m streaming.core.session`)."
         )
     return [Path(pyspark.__file__).parent / "jars" / "*", *needed]
 

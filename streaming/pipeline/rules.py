@@ -13,9 +13,9 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from streaming.config import ALL_RULES, Range, Settings
-from streaming.schema import CORRUPT, EVENT_FIELD_NAMES, EVENT_FIELDS
-from streaming.schema import Column as SchemaColumn
+from streaming.core.config import ALL_RULES, Range, Settings
+from streaming.pipeline.schema import CORRUPT, EVENT_FIELD_NAMES, EVENT_FIELDS
+from streaming.pipeline.schema import Column as SchemaColumn
 
 SEVERITY: dict[str, int] = {"ok": 0, "warn": 1, "drop": 2, "quarantine": 3, "fail": 4}
 ACTION_BY_SEVERITY: dict[int, str] = {v: k for k, v in SEVERITY.items()}

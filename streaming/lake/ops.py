@@ -2,7 +2,7 @@
 
 Pure helpers (table names, timestamps, metric picking, JSON conversion, text tables, the VACUUM horizon,
 confirmation, commit tags and purges) come first and are unit-tested; `TableOps` does the Spark and Delta
-work. These commands are a second writer beside the stream: `streaming.logstore.check_writers_safe` decides
+work. These commands are a second writer beside the stream: `streaming.core.logstore.check_writers_safe` decides
 whether that is safe, and their writes retry the races they lose to it.
 """
 
@@ -24,8 +24,8 @@ from decimal import Decimal
 from functools import reduce
 from typing import TYPE_CHECKING, Any, TextIO
 
-from streaming.config import Settings, parse_duration
-from streaming.errors import (
+from streaming.core.config import Settings, parse_duration
+from streaming.core.errors import (
     ConcurrentWriteError,
     ConfigError,
     ConfirmationRequiredError,
@@ -37,7 +37,7 @@ from streaming.errors import (
     VersionNotFoundError,
     first_line,
 )
-from streaming.logstore import check_writers_safe
+from streaming.core.logstore import check_writers_safe
 
 if TYPE_CHECKING:
     from delta.tables import DeltaTable
@@ -69,7 +69,7 @@ CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 TAG_PREFIX = "iotlake"  # our commits' userMetadata: "iotlake <operation> <uuid> [<details as JSON>]"
 PURGE = "delete-device"
 # A DELETE that loses the race to the stream's commit is run again, with the stream's backoff
-# (streaming.tables.retry_on_conflict: 0.5 s doubling to 8 s): 8 attempts wait about 30 s in all.
+# (streaming.pipeline.tables.retry_on_conflict: 0.5 s doubling to 8 s): 8 attempts wait about 30 s in all.
 DELETE_ATTEMPTS = 8
 # More distinct partitions than this and the DELETE reads the whole table instead of a list of literals.
 MAX_PARTITION_LITERALS = 1000
@@ -628,7 +628,7 @@ class TableOps:
         """Row-level DELETE of one device from every table that records it; what VACUUM must then do.
 
         The stream commits beside it every few seconds and the first commit wins, so a DELETE that loses the
-        race runs again the way the stream's writes do (streaming.tables.retry_on_conflict), up to `attempts`
+        race runs again the way the stream's writes do (streaming.pipeline.tables.retry_on_conflict), up to `attempts`
         times; the report counts the retries. Each attempt reads only the partitions that hold the device, so
         commits to other partitions don't conflict with it. Rows of the device found in the tables afterwards
         (committed beside or after the DELETE: the device is still sending) are reported as remaining.
@@ -654,7 +654,8 @@ class TableOps:
         pending: Sequence[str],
     ) -> DeviceDeletion:
         """One table's DELETE, retried when it loses a race; no commit when the table has no row of the device."""
-        from streaming.tables import is_conflict, retry_on_conflict
+        from streaming.core.errors import is_conflict
+        from streaming.pipeline.tables import retry_on_conflict
 
         delta = self._delta(table)
         columns = self._read(table).columns
@@ -798,7 +799,7 @@ def purges_after(settings: Settings, table: LakeTable, version: int) -> tuple[in
     from deltalake import DeltaTable as RsTable
     from deltalake.exceptions import TableNotFoundError as RsTableNotFound
 
-    from streaming.delta_rs import delta_rs_uri, delta_storage_options
+    from streaming.core.storage import delta_rs_uri, delta_storage_options
 
     try:
         log = RsTable(delta_rs_uri(table.uri), storage_options=delta_storage_options(settings))
@@ -977,7 +978,7 @@ def add_ops_parsers(sub: Any) -> None:
 
 
 def _table_ops(settings: Settings) -> TableOps:
-    from streaming.session import build_session
+    from streaming.core.session import build_session
 
     return TableOps(build_session(settings, app_name="iotlake-ops"), settings)
 

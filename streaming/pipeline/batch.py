@@ -11,8 +11,8 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from streaming.rules import Rules, action_of, check_codes, reason_codes
-from streaming.schema import (
+from streaming.pipeline.rules import Rules, action_of, check_codes, reason_codes
+from streaming.pipeline.schema import (
     CORRUPT,
     DEVICE_STATE_COLUMNS,
     EVENT_FIELD_NAMES,
@@ -20,7 +20,7 @@ from streaming.schema import (
     text_event_schema,
     typed_event_schema,
 )
-from streaming.schema import Column as SchemaColumn
+from streaming.pipeline.schema import Column as SchemaColumn
 
 KEEP = ("ok", "warn")
 EPOCH = date(1970, 1, 1)

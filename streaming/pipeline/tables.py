@@ -17,24 +17,13 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming.batch import DEVICE_ORDER, READING_KEY
-from streaming.config import Settings, TableConfig
-from streaming.hadoop_fs import HadoopFiles
-from streaming.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
-from streaming.schema import Column as SchemaColumn
+from streaming.core.config import Settings, TableConfig
+from streaming.core.errors import is_conflict
+from streaming.core.hadoop_fs import HadoopFiles
+from streaming.pipeline.batch import DEVICE_ORDER, READING_KEY
+from streaming.pipeline.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
+from streaming.pipeline.schema import Column as SchemaColumn
 
-# Delta's optimistic-concurrency losses: another writer (the maintenance sidecar) committed first.
-CONFLICTS = (
-    "ConcurrentAppendException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-    "ConcurrentTransactionException",
-    "ConcurrentWriteException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
-)
-# Delta's error classes for the same conflicts, as they appear in the message.
-CONFLICT_ERROR_CLASSES = ("DELTA_CONCURRENT_", "DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED")
 WRITE_ATTEMPTS = 8
 MAX_RETRY_WAIT_S = 8.0
 T = TypeVar("T")
@@ -67,18 +56,6 @@ class MergeResult:
     inserted: int = 0
     updated: int = 0
     skipped: bool = False  # nothing to write, or this transaction was already committed
-
-
-def is_conflict(error: BaseException) -> bool:
-    """A lost race with another writer of the table (try again), not a real failure.
-
-    delta-spark raises its own classes (`delta.exceptions.captured.ConcurrentAppendException`...), whose
-    message carries Delta's error class (`[DELTA_CONCURRENT_APPEND...]`), not the class name.
-    """
-    if {cls.__name__ for cls in type(error).__mro__} & {*CONFLICTS, "DeltaConcurrentModificationException"}:
-        return True
-    text = str(error)[:500]
-    return any(marker in text for marker in (*CONFLICT_ERROR_CLASSES, *CONFLICTS))
 
 
 def retry_on_conflict(

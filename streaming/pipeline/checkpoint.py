@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streaming.delta_rs import delta_rs_uri
-from streaming.errors import CheckpointError
-from streaming.hadoop_fs import HadoopFiles
-from streaming.tables import TXN_TABLES, txn_app_id
+from streaming.core.errors import CheckpointError
+from streaming.core.hadoop_fs import HadoopFiles
+from streaming.core.storage import delta_rs_uri
+from streaming.pipeline.tables import TXN_TABLES, txn_app_id
 
 log = logging.getLogger("iotlake.checkpoint")
 LOCK_FILE = "iotlake.lock"
