@@ -27,7 +27,7 @@ def panels() -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_committed_json_is_what_build_generates() -> None:
-    files = {d.file: build.render(d) for d in build.DASHBOARDS}
+    files = {file: build.render(d) for file, d in build.DASHBOARDS.items()}
     committed = {p.name: p.read_text() for p in build.DASHBOARDS_DIR.glob("*.json")}
     assert committed == files, "run `python -m monitoring.grafana.build` and commit the JSON"
 
