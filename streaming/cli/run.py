@@ -25,6 +25,7 @@ from stack import api, logkeeper, logrotate, proc
 from stack import prometheus as prom
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
+from streaming.core.catalog import lake_tables, resolve_table
 from streaming.core.config import Settings, load_settings
 from streaming.core.errors import StackError, first_line
 from streaming.core.prometheus import scrape
@@ -106,10 +107,9 @@ def _report(events: list[str]) -> None:
 def _table_versions(settings: Settings) -> dict[str, int | None]:
     """Each table's version (None: not created yet)."""
     out: dict[str, int | None] = {}
-    t = settings.tables
-    for spec in (t.readings, t.device_state, t.quarantine):
-        table = open_table(settings, settings.storage.table_uri(spec.name))
-        out[spec.name] = None if table is None else table.version()
+    for table in lake_tables(settings):
+        delta = open_table(settings, table.uri)
+        out[table.name] = None if delta is None else delta.version()
     return out
 
 
@@ -162,7 +162,7 @@ def _sidecar_url(settings: Settings) -> str:
 
 
 def _quarantine_by_reason(settings: Settings) -> Counter[str]:
-    table = open_table(settings, settings.storage.table_uri(settings.tables.quarantine.name))
+    table = open_table(settings, resolve_table(settings, "quarantine").uri)
     if table is None:
         return Counter()
     return Counter(table.to_pyarrow_table(columns=["reason"]).column("reason").to_pylist())

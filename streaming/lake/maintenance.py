@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
+from streaming.core.catalog import chosen_tables
 from streaming.core.config import Settings, TableConfig, parse_duration
 from streaming.core.errors import (
     ConfigError,
@@ -121,13 +122,8 @@ def partition_predicate(partition: str) -> str:
 
 
 def table_specs(settings: Settings, only: str | None = None) -> list[TableConfig]:
-    """The three tables, or the one named `only` (a clear error for an unknown name)."""
-    t = settings.tables
-    specs = [t.readings, t.device_state, t.quarantine]
-    chosen = [s for s in specs if only in (None, s.name)]
-    if not chosen:
-        raise ConfigError(f"Unknown table {only!r}. Tables: {[s.name for s in specs]}.")
-    return chosen
+    """The three tables' configs, or the one named `only` (UnknownTableError names the tables)."""
+    return [table.spec for table in chosen_tables(settings, only)]
 
 
 def table_retention_s(settings: Settings) -> float:

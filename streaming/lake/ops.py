@@ -24,6 +24,7 @@ from decimal import Decimal
 from functools import reduce
 from typing import TYPE_CHECKING, Any, TextIO
 
+from streaming.core.catalog import LakeTable, lake_tables, resolve_table
 from streaming.core.config import Settings, parse_duration
 from streaming.core.errors import (
     ConcurrentWriteError,
@@ -33,7 +34,6 @@ from streaming.core.errors import (
     IotLakeError,
     StorageError,
     TableNotCreatedError,
-    UnknownTableError,
     VersionNotFoundError,
     first_line,
 )
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from delta.tables import DeltaTable
     from pyspark.sql import Column, DataFrame, SparkSession
 
-TABLE_KEYS = ("readings", "device_state", "quarantine")
 # operationMetrics worth showing in `history`, in this order (Delta writes them as strings).
 KEY_METRICS = (
     "numOutputRows",
@@ -79,29 +78,6 @@ QUARANTINE_MATCH = "raw_key or value_text $.device_id"
 
 
 # --- pure helpers ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LakeTable:
-    key: str  # readings | device_state | quarantine (the config key)
-    name: str  # the configured table name
-    uri: str
-
-
-def lake_tables(settings: Settings) -> list[LakeTable]:
-    t = settings.tables
-    specs = (t.readings, t.device_state, t.quarantine)
-    pairs = zip(TABLE_KEYS, specs, strict=True)
-    return [LakeTable(key, spec.name, settings.storage.table_uri(spec.name)) for key, spec in pairs]
-
-
-def resolve_table(settings: Settings, name: str) -> LakeTable:
-    """The lake table called `name` (its configured name or its config key)."""
-    for table in lake_tables(settings):
-        if name in (table.name, table.key):
-            return table
-    known = ", ".join(t.name for t in lake_tables(settings))
-    raise UnknownTableError(f"Unknown table {name!r}. The lake's tables are: {known}.")
 
 
 def parse_timestamp(text: str) -> datetime:

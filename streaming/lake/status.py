@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from streaming.core.catalog import lake_tables
 from streaming.core.config import Settings
 from streaming.core.errors import ServiceUnreachableError
 from streaming.core.preflight import (
@@ -181,8 +182,7 @@ def stream_status(settings: Settings) -> StreamStatus:
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    t = settings.tables
-    tables = [table_status(settings, spec.name) for spec in (t.readings, t.device_state, t.quarantine)]
+    tables = [table_status(settings, table.name) for table in lake_tables(settings)]
     stream = stream_status(settings)
     return {
         "tables": [asdict(x) for x in tables],

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streaming.core.catalog import lake_tables
+from streaming.core.config import Settings
 from streaming.core.errors import CheckpointError
 from streaming.core.hadoop_fs import HadoopFiles
 from streaming.core.storage import delta_rs_uri
-from streaming.pipeline.tables import TXN_TABLES, txn_app_id
+from streaming.pipeline.tables import txn_app_id
 
 log = logging.getLogger("iotlake.checkpoint")
 LOCK_FILE = "iotlake.lock"
@@ -93,22 +95,21 @@ def check_not_older(state: CheckpointState, versions: Mapping[str, int | None], 
     )
 
 
-def txn_versions(
-    table_uri: Callable[[str], str], storage_options: Mapping[str, str], query_id: str
-) -> dict[str, int | None]:
-    """Each table's committed transaction version for this query (None: no table, or never written by it)."""
+def txn_versions(settings: Settings, storage_options: Mapping[str, str], query_id: str) -> dict[str, int | None]:
+    """Each table's committed transaction version for this query, by table key (None: no table, or never
+    written by it)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     versions: dict[str, int | None] = {}
-    for table in TXN_TABLES:
+    for table in lake_tables(settings):
         try:
-            delta = DeltaTable(delta_rs_uri(table_uri(table)), storage_options=dict(storage_options))
+            delta = DeltaTable(delta_rs_uri(table.uri), storage_options=dict(storage_options))
         except TableNotFoundError:
-            versions[table] = None
+            versions[table.key] = None
             continue
-        version = delta.transaction_version(txn_app_id(query_id, table))
-        versions[table] = None if version is None else int(version)
+        version = delta.transaction_version(txn_app_id(query_id, table.key))
+        versions[table.key] = None if version is None else int(version)
     return versions
 
 

@@ -304,7 +304,7 @@ def guard_checkpoint(settings: Settings, files: HadoopFiles) -> None:
     state = read_state(files)
     if state.query_id is None:
         return  # a new checkpoint: a new query id, which no table has seen
-    versions = txn_versions(settings.storage.table_uri, delta_storage_options(settings), state.query_id)
+    versions = txn_versions(settings, delta_storage_options(settings), state.query_id)
     check_not_older(state, versions, files.directory)
 
 

@@ -17,6 +17,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from streaming.core.catalog import lake_tables
 from streaming.core.config import Settings, TableConfig
 from streaming.core.errors import is_conflict
 from streaming.core.hadoop_fs import HadoopFiles
@@ -35,11 +36,8 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 COMMIT_FILE = re.compile(r"^\d{20}\.(json|checkpoint\b.*)$")
 
 
-TXN_TABLES = ("readings", "device_state", "quarantine")  # the tables' parts of the transaction app ids
-
-
 def txn_app_id(query_id: str, table: str) -> str:
-    """The Delta transaction app id of one table's writes by one streaming query."""
+    """The Delta transaction app id of one table's writes by one streaming query (`table`: its key in the catalog)."""
     return f"{query_id}-{table}"
 
 
@@ -134,10 +132,10 @@ class LakeTables:
     def __init__(self, spark: SparkSession, settings: Settings) -> None:
         self.spark = spark
         self.settings = settings
-        tables = settings.tables
-        self.readings_uri = settings.storage.table_uri(tables.readings.name)
-        self.device_state_uri = settings.storage.table_uri(tables.device_state.name)
-        self.quarantine_uri = settings.storage.table_uri(tables.quarantine.name)
+        uris = {table.key: table.uri for table in lake_tables(settings)}
+        self.readings_uri = uris["readings"]
+        self.device_state_uri = uris["device_state"]
+        self.quarantine_uri = uris["quarantine"]
 
     def ensure(self, on_created: Callable[[str], None] = lambda name: None) -> None:
         """Create missing tables with their columns, comments, partitioning and properties.

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from stack import StackLayout, proc
-from stack import run as stack_run
 from stack.addresses import free_port
 from stack.supervise import RestartPolicy, Supervisor
+from streaming.cli import run as stack_run
 from streaming.core.config import PROJECT_ROOT, Settings, load_settings
 from streaming.core.prometheus import scrape
 from streaming.lake.status import stream_status

@@ -101,3 +101,32 @@ def test_a_local_checkpoint_is_locked_while_held_and_free_once_released(spark: S
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
     finally:
         os.close(fd)
+
+
+def test_transaction_versions_are_read_from_the_configured_table_names(tmp_path: Path) -> None:
+    """With tables.*.name changed, the checkpoint guard must read those tables, not ones named like the keys."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from streaming.core.config import load_settings
+    from streaming.core.storage import delta_storage_options
+    from streaming.pipeline.checkpoint import txn_versions
+    from streaming.pipeline.tables import txn_app_id
+
+    settings = load_settings(
+        env={
+            "IOTLAKE_STORAGE__BASE_URI": (tmp_path / "lake").as_uri(),
+            "IOTLAKE_TABLES__READINGS__NAME": "farm_readings",
+            "IOTLAKE_TABLES__DEVICE_STATE__NAME": "farm_devices",
+            "IOTLAKE_TABLES__QUARANTINE__NAME": "farm_rejects",
+        }
+    )
+    for key, version in (("readings", 7), ("device_state", 6), ("quarantine", 5)):
+        name = getattr(settings.tables, key).name
+        write_deltalake(
+            settings.storage.table_uri(name),
+            pa.table({"x": [1]}),
+            commit_properties=CommitProperties(app_transactions=[Transaction(txn_app_id("q1", key), version)]),
+        )
+    versions = txn_versions(settings, delta_storage_options(settings), "q1")
+    assert versions == {"readings": 7, "device_state": 6, "quarantine": 5}

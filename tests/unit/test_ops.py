@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 
 from streaming.cli import build_parser, main
+from streaming.core.catalog import lake_tables, resolve_table
 from streaming.core.config import Settings, TableConfig, TablesConfig
 from streaming.core.errors import (
     ConcurrentWriteError,
@@ -36,12 +37,10 @@ from streaming.lake.ops import (
     format_show,
     jsonable,
     key_metrics,
-    lake_tables,
     parse_tag,
     parse_timestamp,
     purge_warning,
     purges_in,
-    resolve_table,
     text_table,
     vacuum_eligible_at,
 )
@@ -61,6 +60,17 @@ def test_tables_resolve_by_config_key_or_configured_name() -> None:
     assert [t.key for t in lake_tables(settings)] == ["readings", "device_state", "quarantine"]
     with pytest.raises(UnknownTableError, match=r"'sensors'.*sensor_readings, device_state, quarantine"):
         resolve_table(settings, "sensors")
+
+
+def test_every_command_resolves_tables_through_the_catalog() -> None:
+    """The sidecar's table list and the job's table locations follow the configured names too."""
+    from streaming.lake.maintenance import table_specs
+
+    settings = Settings(tables=replace(TablesConfig(), readings=TableConfig("sensor_readings", ("event_date",))))
+    assert [s.name for s in table_specs(settings)] == ["sensor_readings", "device_state", "quarantine"]
+    assert [s.name for s in table_specs(settings, "readings")] == ["sensor_readings"]
+    with pytest.raises(UnknownTableError, match=r"'sensors'.*sensor_readings, device_state, quarantine"):
+        table_specs(settings, "sensors")
 
 
 @pytest.mark.parametrize(

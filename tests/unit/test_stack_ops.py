@@ -14,10 +14,10 @@ import pytest
 from stack import cli as stack_cli
 from stack import logkeeper, logrotate, proc
 from stack import prometheus as prom
-from stack import run as stack_run
 from stack.install import Installed
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
+from streaming.cli import run as stack_run
 from streaming.core.config import load_settings
 from streaming.core.errors import StackError
 from tests.helpers import wait_for
