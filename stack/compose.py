@@ -25,10 +25,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from stack import secrets as sec
-from stack import spark_cluster, versions
+from stack import spark_cluster
 from stack.install import GO_TIMEOUT_S, Echo, _say, find_go
 from stack.layout import StackLayout
 from stack.proc import run_checked
+from streaming.core import versions
 from streaming.core.config import PROJECT_ROOT, load_settings
 from streaming.core.errors import StackError
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from stack import versions
 from stack.layout import StackLayout
 from stack.proc import run_checked
+from streaming.core import versions
 from streaming.core.errors import StackError
 
 Echo = Callable[[str], None]
@@ -309,7 +309,7 @@ def install_prometheus(layout: StackLayout, echo: Echo | None = print) -> tuple[
             what=f"Downloading {pinned} with apt-get",
             fix=f"Run `apt-get update` (as root) so apt knows {pinned}, check that the Debian mirror is "
             "reachable, then run `python -m stack install` again. If the mirror no longer serves this version, "
-            "fetch it from https://snapshot.debian.org and pin the new one in stack/versions.py.",
+            "fetch it from https://snapshot.debian.org and pin the new one in streaming/core/versions.py.",
             timeout=APT_TIMEOUT_S,
             cwd=tmp,
         )

@@ -19,9 +19,8 @@ from pathlib import Path
 
 from streaming.core.config import Settings, default_cache, resolve_path
 from streaming.core.errors import ConfigError, JavaMissingError, StackError
+from streaming.core.versions import HADOOP_VERSION
 
-# Spark 4.2's Hadoop: hadoop-aws for S3A (session.EXTRA_PACKAGES) and the classpath the log store compiles on.
-HADOOP_VERSION = "3.5.0"
 LOG_STORE_CLASS = "io.iotlake.storage.PutIfAbsentLogStore"
 SOURCE = Path(__file__).resolve().parents[1] / "jvm" / "io" / "iotlake" / "storage" / "PutIfAbsentLogStore.java"
 JAVAC_TIMEOUT_S = 300

@@ -20,13 +20,13 @@ from pyspark.sql import SparkSession
 
 from streaming.core.config import Settings, resolve_path
 from streaming.core.errors import ConfigError, JavaMissingError
-from streaming.core.logstore import HADOOP_VERSION, ensure_jar, log_store_conf, needs_jar
+from streaming.core.logstore import ensure_jar, log_store_conf, needs_jar
 from streaming.core.storage import storage_conf, storage_credentials
+from streaming.core.versions import HADOOP_VERSION, SPARK_VERSION
+from streaming.core.versions import SCALA_BINARY_VERSION
 
-SCALA = "2.13"
-SPARK_VERSION = "4.2.0"
 EXTRA_PACKAGES = (
-    f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{SPARK_VERSION}",
+    f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}:{SPARK_VERSION}",
     f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",
 )
 

@@ -431,7 +431,7 @@ def test_images_are_pinned(services: dict[str, dict[str, Any]]) -> None:
 
 
 def test_app_image_matches_the_native_kafka_version(services: dict[str, dict[str, Any]]) -> None:
-    from stack import versions
+    from streaming.core import versions
 
     assert services["kafka"]["image"] == f"apache/kafka:{versions.KAFKA_VERSION}"
     assert services["kafka-init"]["image"] == services["kafka"]["image"]

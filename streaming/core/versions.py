@@ -1,9 +1,17 @@
-"""Every pinned version of the native stack, in one place."""
+"""Every pinned version outside pyproject.toml, in one place: the JVM side of the job and the native stack.
+
+The Python packages (pyspark, delta-spark, ...) are pinned in pyproject.toml; the jars Spark fetches must match them.
+"""
 
 from __future__ import annotations
 
-KAFKA_VERSION = "4.2.0"
+# The Spark job's extra jars: pyspark's Spark and Scala, and Spark 4.2's Hadoop (hadoop-aws for S3A, and the
+# classpath the log store compiles on).
+SPARK_VERSION = "4.2.0"
 SCALA_BINARY_VERSION = "2.13"
+HADOOP_VERSION = "3.5.0"
+
+KAFKA_VERSION = "4.2.0"
 # Kafka 4.2.0 itself depends on log4j-core 2.25.3 and logs through SLF4J 1.7.36, so the binding is the
 # SLF4J 1.x one (log4j-slf4j-impl); log4j-slf4j2-impl would find no SLF4J 2 API and stay silent.
 LOG4J2_VERSION = "2.25.3"
@@ -32,6 +40,8 @@ JAVA_MIN_MAJOR = 17
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 
 VERSIONS: dict[str, str] = {
+    "spark": SPARK_VERSION,
+    "hadoop": HADOOP_VERSION,
     "kafka": KAFKA_VERSION,
     "scala": SCALA_BINARY_VERSION,
     "log4j2": LOG4J2_VERSION,
