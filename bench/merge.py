@@ -14,9 +14,7 @@ is restored (Delta RESTORE) to the version of the size under test, so every run 
 from __future__ import annotations
 
 import itertools
-import json
 import time
-import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +24,7 @@ from bench.stack import BenchStack, free_port
 from bench.stats import median
 from producers.encoding import event_id_prefix
 from streaming.core.config import load_settings
+from streaming.core.http import get_json
 from streaming.core.session import build_session
 from streaming.pipeline.schema import READINGS_COLUMNS
 from streaming.pipeline.tables import LakeTables
@@ -181,11 +180,7 @@ class ScanMetrics:
         self.seen = self._max_id()
 
     def _get(self, path: str) -> Any:
-        try:
-            with urllib.request.urlopen(self.base + path, timeout=30) as r:
-                return json.loads(r.read().decode())
-        except (OSError, ValueError):
-            return None
+        return get_json(self.base + path, timeout=30)
 
     def _max_id(self) -> int:
         data = self._get("/sql?details=false&length=100000") or []

@@ -17,8 +17,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from stack import spark_cluster
 from stack.install import GO_TIMEOUT_S, Echo, _say, find_go
 from stack.layout import StackLayout
 from stack.proc import run_checked
-from streaming.core import versions
+from streaming.core import http, versions
 from streaming.core.config import PROJECT_ROOT, load_settings
 from streaming.core.errors import StackError
 
@@ -243,7 +241,7 @@ def _bootstrap_minio(args: argparse.Namespace) -> int:
     parts = urlsplit(endpoint)
     health = f"{parts.scheme}://{parts.netloc}/minio/health/live"
     deadline = time.monotonic() + args.timeout
-    while not _answers(health, 2.0):
+    while not http.answers(health, 2.0):
         if time.monotonic() >= deadline:
             raise StackError(
                 f"MinIO at {endpoint} did not answer {health} within {args.timeout:.0f}s. Check the minio "
@@ -259,23 +257,15 @@ def _bootstrap_minio(args: argparse.Namespace) -> int:
 # --- probe -----------------------------------------------------------------------------------------------
 
 
-def _answers(url: str, timeout: float) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 def probe(url: str, require: str | None = None, timeout: float = 5.0) -> tuple[bool, str]:
     """GET url: healthy if it answers 200 and, with require, that metric has a sample > 0."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            if resp.status != 200:
-                return False, f"{url} answered HTTP {resp.status}"
-            body = resp.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        return False, f"{url} did not answer: {e}"
+        answer = http.get(url, timeout)
+    except http.Unanswered as e:
+        return False, str(e)
+    if not answer.ok:
+        return False, f"{url} answered HTTP {answer.status}"
+    body = answer.text()
     if require is None:
         return True, f"{url} answered 200"
     from prometheus_client.parser import text_string_to_metric_families

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from typing import Any
 
 from minio import Minio, MinioAdmin
@@ -18,6 +16,7 @@ from stack import secrets as sec
 from stack.addresses import HostPort, bind_host, minio_api, minio_console
 from stack.install import Installed
 from stack.layout import StackLayout
+from streaming.core import http
 from streaming.core.config import Settings
 from streaming.core.errors import StackError
 
@@ -74,12 +73,7 @@ def address(settings: Settings) -> HostPort:
 
 def answers(api: HostPort, timeout: float = 1.0) -> bool:
     """True if GET /minio/health/live answers 200."""
-    url = f"http://{bind_host(api)}:{api.port}/minio/health/live"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return http.answers(f"http://{bind_host(api)}:{api.port}/minio/health/live", timeout)
 
 
 def _argv(inst: Installed, layout: StackLayout, api: HostPort) -> list[str]:

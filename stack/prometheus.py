@@ -13,8 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from stack import proc
 from stack.addresses import HostPort, bind_host, prometheus_web
 from stack.install import Installed
 from stack.layout import PRIVATE_DIR_MODE, StackLayout
+from streaming.core import http
 from streaming.core.config import PROJECT_ROOT, Settings
 from streaming.core.errors import StackError
 
@@ -78,11 +77,7 @@ def url(settings: Settings) -> str:
 
 def answers(base_url: str, timeout: float = 1.0) -> bool:
     """True if GET /-/ready answers 200 (TSDB open, config loaded)."""
-    try:
-        with urllib.request.urlopen(f"{base_url}/-/ready", timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return http.answers(f"{base_url}/-/ready", timeout)
 
 
 def render_config(settings: Settings, source: Path = CONFIG_SOURCE) -> str:

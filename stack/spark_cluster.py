@@ -9,11 +9,8 @@ the worker's own RPC and UI ports are picked at random, on loopback too. Pid fil
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ from stack import proc
 from stack.addresses import HostPort
 from stack.layout import StackLayout
 from stack.secrets import write_private
+from streaming.core import http
 from streaming.core.config import Settings
 from streaming.core.errors import StackError
 
@@ -232,12 +230,7 @@ def _write_properties(path: Path, props: dict[str, str]) -> None:
 
 def master_json(settings: Settings, timeout: float = 2.0) -> dict[str, Any] | None:
     """The master's status (workers, apps) from GET /json/ on its web UI; None if it doesn't answer."""
-    url = f"{webui_url(settings)}/json/"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            data = json.loads(resp.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+    data = http.get_json(f"{webui_url(settings)}/json/", timeout)
     return data if isinstance(data, dict) else None
 
 

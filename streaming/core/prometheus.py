@@ -7,23 +7,22 @@ counters end in _total.
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from streaming.core.errors import ConfigError
+from streaming.core.http import Unanswered, get
 
 
 def fetch(url: str, timeout: float = 2.0) -> str | None:
     """The text of a /metrics page, or None when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            text: str = response.read().decode()
-            return text
-    except OSError:
+        answer = get(url, timeout)
+    except Unanswered:
         return None
+    return answer.text() if answer.ok else None
 
 
 def samples(text: str) -> dict[str, float]:
