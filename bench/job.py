@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -13,10 +10,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from bench.procs import ProcSampler
 from bench.stats import parse_metrics, phases
+from stack import proc
 from stack.proc import tail
 from streaming.core.prometheus import fetch
 
@@ -40,23 +38,12 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
-    handle: IO[bytes]
     started: float  # time.monotonic() just before it was spawned
 
     @classmethod
     def spawn(cls, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path) -> Proc:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        handle = log.open("wb")
         started = time.monotonic()
-        popen = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            start_new_session=True,  # its JVM child goes in the same group, so stop() reaches it too
-        )
-        return cls(name, popen, log, handle, started)
+        return cls(name, proc.spawn(name, argv, log, env, fresh_log=True), log, started)
 
     @property
     def pid(self) -> int:
@@ -78,24 +65,7 @@ class Proc:
 
         Safe to call twice.
         """
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                self.popen.wait(30)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)  # a straggler of its own group (e.g. an orphaned JVM)
-        self.handle.close()
-        return self.popen.returncode
-
-    def _signal(self, sig: signal.Signals) -> None:
-        try:
-            os.killpg(self.popen.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(sig)
+        return proc.stop_child(self.popen, timeout)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

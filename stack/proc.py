@@ -168,21 +168,23 @@ def reuse_or_require_free(
     return pid
 
 
-def start(
-    service: Service,
+def spawn(
+    name: str,
     argv: Sequence[str],
+    log: Path,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
-    rotation: logrotate.RotationPolicy | None = None,
-) -> int:
-    """Start argv detached (new session, stdin closed, umask 077, output appended to the log, which is
-    rotated first if it grew large); write the pid file."""
-    service.pidfile.parent.mkdir(parents=True, exist_ok=True)
-    logrotate.rotate_if_large(service.log, rotation or logrotate.RotationPolicy())
-    fd = logrotate.open_log(service.log)
+    verb: str = "starting",
+    fresh_log: bool = False,
+) -> subprocess.Popen[bytes]:
+    """The one way our processes start children: stdin closed, stdout and stderr appended to `log` after a
+    `=== <time> <verb> <name>` line (or a fresh log), umask 077, in a new session (so the child's own children,
+    e.g. a JVM, are in its group and `stop_child` reaches them). A command that can't start is a StackError."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) if fresh_log else logrotate.open_log(log)
     try:
-        os.write(fd, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service.name}\n".encode())
-        proc = subprocess.Popen(
+        os.write(fd, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {verb} {name}\n".encode())
+        return subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
             stdout=fd,
@@ -194,9 +196,37 @@ def start(
             umask=PRIVATE_UMASK,
         )
     except OSError as e:
-        raise StackError(f"Can't start {service.name} ({argv[0]}): {e}. Run `python -m stack install`.") from e
+        raise StackError(f"Can't start {name} ({argv[0]}): {e}. Run `make install`.") from e
     finally:
         os.close(fd)
+
+
+def stop_child(child: subprocess.Popen[bytes], timeout: float = 60.0) -> int | None:
+    """SIGTERM a child `spawn` started, wait up to `timeout`, then SIGKILL its group; a straggler of its group
+    (an orphaned JVM) is killed either way. Safe to call twice. Returns its exit code."""
+    if child.poll() is None:
+        _signal_group(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(child.pid, signal.SIGKILL)
+            child.wait(30)
+    kill_group(child.pid)
+    return child.returncode
+
+
+def start(
+    service: Service,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    rotation: logrotate.RotationPolicy | None = None,
+) -> int:
+    """Start argv detached (new session, stdin closed, umask 077, output appended to the log, which is
+    rotated first if it grew large); write the pid file."""
+    service.pidfile.parent.mkdir(parents=True, exist_ok=True)
+    logrotate.rotate_if_large(service.log, rotation or logrotate.RotationPolicy())
+    proc = spawn(service.name, argv, service.log, env, cwd)
     tmp = service.pidfile.with_suffix(".pid.tmp")
     tmp.write_text(f"{proc.pid}\n")
     tmp.replace(service.pidfile)

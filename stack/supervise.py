@@ -9,7 +9,6 @@ itself: its owner calls `tick()` in its loop (no threads), and `tick()` also rot
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -119,23 +118,8 @@ class SupervisedChild:
 
     def start(self) -> None:
         """Start the child in a new session, output appended to its log, umask 077."""
-        fd = logrotate.open_log(self.log)
-        try:
-            verb = "restarting" if self.deaths else "starting"
-            os.write(fd, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {verb} {self.name}\n".encode())
-            self.process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-                umask=proc.PRIVATE_UMASK,
-            )
-        except OSError as e:
-            raise StackError(f"Can't start {self.name} ({self.argv[0]}): {e}. Run `make install`.") from e
-        finally:
-            os.close(fd)
+        verb = "restarting" if self.deaths else "starting"
+        self.process = proc.spawn(self.name, self.argv, self.log, self.env, verb=verb)
         self.started_at = self.clock()
 
     def check(self) -> str | None:

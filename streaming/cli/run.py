@@ -57,14 +57,7 @@ class Child:
     log: Path
 
     def stop(self, timeout: float = 60.0) -> int | None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return self.process.returncode
+        return proc.stop_child(self.process, timeout)
 
     def tail(self, lines: int = 15) -> str:
         return proc.tail(self.log, lines)
@@ -72,13 +65,7 @@ class Child:
 
 def _spawn(name: str, argv: list[str], layout: StackLayout, env: dict[str, str]) -> Child:
     log = layout.log(name)
-    fd = logrotate.open_log(log)
-    try:
-        os.write(fd, f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {name}\n".encode())
-        process = subprocess.Popen(argv, stdout=fd, stderr=subprocess.STDOUT, env=env, umask=proc.PRIVATE_UMASK)
-    finally:
-        os.close(fd)
-    return Child(name, process, log)
+    return Child(name, proc.spawn(name, argv, log, env), log)
 
 
 def supervisor(

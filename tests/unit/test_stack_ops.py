@@ -7,16 +7,17 @@ import os
 import signal
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from stack import cli as stack_cli
 from stack import logkeeper, logrotate, proc
 from stack import prometheus as prom
 from stack.install import Installed
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
+from streaming.cli import main as iotlake_main
 from streaming.cli import run as stack_run
 from streaming.core.config import load_settings
 from streaming.core.errors import StackError
@@ -311,7 +312,7 @@ def test_run_supervises_the_job_and_the_sidecar_and_rotates_every_service_log(tm
 
 
 def test_run_refuses_a_bad_restart_policy_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
-    assert stack_cli.main(["run", "--max-restarts", "-1"]) == 2
+    assert iotlake_main(["run", "--max-restarts", "-1"]) == 2
     err = capsys.readouterr().err
     assert "--max-restarts" in err and "Traceback" not in err
 
@@ -346,3 +347,36 @@ def test_the_log_keeper_rotates_the_stacks_logs_until_stopped(tmp_path: Path) ->
         assert logkeeper.stop(layout) == pid
     assert not proc.pid_alive(pid)
     assert minio_log in logkeeper.logs(layout) and layout.log("kafka") not in logkeeper.logs(layout)
+
+
+def test_spawn_logs_after_a_banner_and_stop_child_reaches_the_whole_group(tmp_path: Path) -> None:
+    """The one child-process wrapper: output appended after `=== ... starting name`, private files, and a
+    grandchild (like the ingest's JVM) in the child's group is gone after stop_child."""
+    log = tmp_path / "logs" / "child.log"
+    log.parent.mkdir()
+    log.write_text("earlier run\n")
+    script = (
+        "import subprocess, time\n"
+        "p = subprocess.Popen(['sleep', '300'])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    child = proc.spawn("child", [sys.executable, "-c", script], log, env=dict(os.environ))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not log.read_text().split()[-1].isdigit():
+        time.sleep(0.05)
+    text = log.read_text()
+    assert text.startswith("earlier run\n\n=== ") and " starting child\n" in text, text
+    grandchild = int(text.split()[-1])
+    assert os.getpgid(grandchild) == child.pid
+    assert proc.stop_child(child, timeout=10) == -signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.pid_alive(grandchild):
+        time.sleep(0.05)
+    assert not proc.pid_alive(grandchild)
+    assert proc.stop_child(child) == -signal.SIGTERM  # twice is harmless
+
+
+def test_spawn_names_a_command_that_cannot_start(tmp_path: Path) -> None:
+    with pytest.raises(StackError, match=r"Can't start thing \(/no/such/binary\).*make install"):
+        proc.spawn("thing", ["/no/such/binary"], tmp_path / "thing.log")
