@@ -356,10 +356,7 @@ def test_spawn_logs_after_a_banner_and_stop_child_reaches_the_whole_group(tmp_pa
     log.parent.mkdir()
     log.write_text("earlier run\n")
     script = (
-        "import subprocess, time\n"
-        "p = subprocess.Popen(['sleep', '300'])\n"
-        "print(p.pid, flush=True)\n"
-        "time.sleep(300)\n"
+        "import subprocess, time\np = subprocess.Popen(['sleep', '300'])\nprint(p.pid, flush=True)\ntime.sleep(300)\n"
     )
     child = proc.spawn("child", [sys.executable, "-c", script], log, env=dict(os.environ))
     deadline = time.monotonic() + 30
