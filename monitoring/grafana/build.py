@@ -548,20 +548,20 @@ def metric_names(expr: str) -> set[str]:
     return set(_METRIC.findall(_LABEL_CONTEXT.sub(" ", expr)))
 
 
-# Where each process defines its metrics: the job, the sidecar, the simulator.
-METRICS_MODULES = ("streaming.pipeline.metrics", "streaming.lake.metrics", "producers.metrics")
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
 
 
 def defined_metric_names() -> set[str]:
-    """Every sample name of every process's metrics classes (each built on a fresh registry)."""
-    import importlib
-
+    """Every sample name of every process's metrics classes (each built on a fresh registry): the job's, the
+    sidecar's and the simulator's."""
     from prometheus_client import CollectorRegistry
 
+    from producers import metrics as simulator_metrics
+    from streaming.lake import metrics as sidecar_metrics
+    from streaming.pipeline import metrics as job_metrics
+
     names: set[str] = set()
-    for module_name in METRICS_MODULES:
-        module = importlib.import_module(module_name)
+    for module in (job_metrics, sidecar_metrics, simulator_metrics):
         classes: list[tuple[str, Any]] = inspect.getmembers(module, inspect.isclass)
         for _, cls in classes:
             if cls.__module__ != module.__name__ or "registry" not in getattr(cls, "__dataclass_fields__", {}):
