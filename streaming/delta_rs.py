@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streaming.config import Settings, reveal
+from streaming.config import Settings
 
 
 def delta_storage_options(settings: Settings, access_key: str | None = None, secret_key: str | None = None) -> dict:
@@ -13,8 +13,8 @@ def delta_storage_options(settings: Settings, access_key: str | None = None, sec
     return {
         "AWS_ENDPOINT_URL": s.endpoint,
         "AWS_REGION": s.region,
-        "AWS_ACCESS_KEY_ID": access_key or reveal(s.access_key) or "",
-        "AWS_SECRET_ACCESS_KEY": secret_key or reveal(s.secret_key) or "",
+        "AWS_ACCESS_KEY_ID": access_key or s.access_key or "",
+        "AWS_SECRET_ACCESS_KEY": secret_key or s.secret_key or "",
         "AWS_ALLOW_HTTP": str(not s.ssl_enabled).lower(),
         "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": str(not s.path_style_access).lower(),
     }

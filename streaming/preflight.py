@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import urllib3
 from minio import Minio
 
-from streaming.config import Settings, is_secret_key, reveal
+from streaming.config import Settings, is_secret_key
 from streaming.errors import ConfigError, CredentialsError, IotLakeError, ServiceUnreachableError, StorageError
 from streaming.kafka_options import UnmappableKafkaOptions, java_to_librdkafka
 
@@ -163,8 +163,8 @@ def minio_client(settings: Settings, access_key: str | None = None, secret_key: 
     )
     return Minio(
         url.netloc or url.path,
-        access_key=access_key or reveal(s.access_key),
-        secret_key=secret_key or reveal(s.secret_key),
+        access_key=access_key or s.access_key,
+        secret_key=secret_key or s.secret_key,
         secure=url.scheme == "https",
         region=s.region,
         http_client=http,

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pyspark
 from pyspark.sql import SparkSession
 
-from streaming.config import Settings, resolve_path, reveal
+from streaming.config import Settings, resolve_path
 from streaming.errors import ConfigError, CredentialsError, JavaMissingError
 from streaming.logstore import HADOOP_VERSION, ensure_jar, log_store_conf, needs_jar
 
@@ -79,7 +79,7 @@ def storage_credentials(settings: Settings) -> dict[str, str]:
             "No S3 credentials for the writer. Run `make up` (it generates the keys into "
             f"{resolve_path(s.secrets_file)}), or set IOTLAKE_STORAGE__ACCESS_KEY and IOTLAKE_STORAGE__SECRET_KEY."
         )
-    return {"fs.s3a.access.key": s.access_key.get_secret_value(), "fs.s3a.secret.key": s.secret_key.get_secret_value()}
+    return {"fs.s3a.access.key": s.access_key, "fs.s3a.secret.key": s.secret_key}
 
 
 def storage_conf(settings: Settings) -> dict[str, str]:
@@ -191,7 +191,7 @@ def _auth_properties(settings: Settings) -> Iterator[Path | None]:
 
     A standalone master refuses a driver without the secret; as a --conf it would be on the command line.
     """
-    secret = reveal(settings.spark.auth_secret)
+    secret = settings.spark.auth_secret
     if not secret or not settings.spark.master.startswith("spark://"):
         yield None
         return

@@ -16,7 +16,7 @@ import pytest
 
 from stack import StackLayout, proc, spark_cluster, status, up
 from stack import secrets as sec
-from streaming.config import Settings, load_settings, read_secrets_file, reveal
+from streaming.config import Settings, load_settings, read_secrets_file
 from tests.helpers import free_port_pair, wait_for
 from tests.integration.lake import assert_tables_match, explain, run_ingest, simulate
 from tests.integration.test_pipeline import FAULTS
@@ -86,7 +86,7 @@ def test_ingest_on_a_standalone_cluster_gives_the_exact_counts(
 
     # The cluster authenticates every connection; its secret is in 0600 files, on no command line.
     secret = read_secrets_file(Path(env["IOTLAKE_STORAGE__SECRETS_FILE"]))[sec.SPARK_AUTH_SECRET]
-    assert reveal(cluster_settings.spark.auth_secret) == secret
+    assert cluster_settings.spark.auth_secret == secret
     for role in ("master", "worker"):
         conf = layout.spark_home / f"{role}.conf"
         assert stat.S_IMODE(conf.stat().st_mode) == 0o600, role

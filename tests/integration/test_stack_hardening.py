@@ -15,7 +15,7 @@ from minio import Minio
 from stack import StackLayout, proc, status, up
 from stack import prometheus as prom
 from stack.addresses import minio_api
-from streaming.config import Settings, reveal
+from streaming.config import Settings
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -68,8 +68,8 @@ def test_stack_home_and_service_data_are_private(
     api = minio_api(settings.storage.endpoint)
     client = Minio(
         f"{api.host}:{api.port}",
-        access_key=reveal(settings.storage.access_key),
-        secret_key=reveal(settings.storage.secret_key),
+        access_key=settings.storage.access_key,
+        secret_key=settings.storage.secret_key,
         secure=False,
         region=settings.storage.region,
     )

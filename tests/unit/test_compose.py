@@ -41,7 +41,7 @@ from stack import cli as stack_cli
 from stack import compose
 from stack import secrets as sec
 from stack.layout import StackLayout
-from streaming.config import PROJECT_ROOT, Settings, load_settings, reveal
+from streaming.config import PROJECT_ROOT, Settings, load_settings
 from streaming.errors import StackError
 from streaming.session import uses_preinstalled_jars
 from tests.helpers import free_port_pair
@@ -284,7 +284,7 @@ def test_the_spark_cluster_profile_authenticates_with_a_generated_secret(
         assert services[name]["environment"][spark_cluster.AUTH_SECRET_ENV] == secret, name
     ingest = settings_for(services["ingest"])
     cluster = replace(ingest, spark=replace(ingest.spark, master="spark://spark-master:7077"))
-    assert reveal(cluster.spark.auth_secret) == secret and uses_preinstalled_jars(cluster)
+    assert cluster.spark.auth_secret == secret and uses_preinstalled_jars(cluster)
     for name in ("spark-master", "spark-worker"):
         role, args = _daemon(services[name])
         folder = tmp_path / role
@@ -319,8 +319,8 @@ def test_iotlake_environment_loads_through_the_real_config_loader(
         assert settings.kafka.topic == env["KAFKA_TOPIC"]
         assert settings.kafka.partitions == int(env["KAFKA_PARTITIONS"])
         # The pipeline writes with the writer's key, never MinIO's root.
-        assert reveal(settings.storage.access_key) == env[sec.WRITER_ACCESS_KEY]
-        assert reveal(settings.storage.secret_key) == env[sec.WRITER_SECRET_KEY]
+        assert settings.storage.access_key == env[sec.WRITER_ACCESS_KEY]
+        assert settings.storage.secret_key == env[sec.WRITER_SECRET_KEY]
         assert env[sec.ROOT_PASSWORD] not in json.dumps(svc["environment"])
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.config import load_settings, reveal
+from streaming.config import load_settings
 from streaming.errors import ConfigError, CredentialsError
 from streaming.session import (
     SUBMIT_ARGS,
@@ -72,7 +72,7 @@ def test_a_cluster_driver_gets_its_auth_secret_from_the_secrets_file_in_a_privat
     secrets = tmp_path / "secrets.env"
     secrets.write_text("IOTLAKE_SPARK_AUTH_SECRET=cluster-secret-0123456789\n")
     settings = load_settings(env={**CLUSTER, "IOTLAKE_STORAGE__SECRETS_FILE": str(secrets)})
-    assert reveal(settings.spark.auth_secret) == "cluster-secret-0123456789"
+    assert settings.spark.auth_secret == "cluster-secret-0123456789"
     assert settings.masked()["spark"]["auth_secret"] == "***"
     assert not [v for v in session_conf(settings).values() if "cluster-secret" in v]  # never a --conf
     with _auth_properties(settings) as path:
