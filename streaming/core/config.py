@@ -90,7 +90,7 @@ class KafkaConfig:
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int = 250_000
     fail_on_data_loss: bool = True
-    options: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold a JAAS password
     # Native stack only: node 1 also offers a SASL_PLAINTEXT (PLAIN) listener on this loopback port (0: none).
     sasl_listener_port: int = 0
 
@@ -103,8 +103,8 @@ class StorageConfig:
     path_style_access: bool = True
     ssl_enabled: bool = False
     secrets_file: str = "var/secrets.env"
-    access_key: str | None = None
-    secret_key: str | None = None
+    access_key: str | None = field(default=None, repr=False)  # never in a log line or a traceback
+    secret_key: str | None = field(default=None, repr=False)
     log_store: str = "put_if_absent"
 
     @property
@@ -126,10 +126,10 @@ class SparkConfig:
     app_name: str = "iotlake-ingest"
     ivy_cache: str = "~/.cache/iotlake/ivy"
     driver_memory: str = "2g"
-    conf: Mapping[str, str] = field(default_factory=dict)
+    conf: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
     # spark.authenticate's shared secret for a spark:// master (the native cluster's: IOTLAKE_SPARK_AUTH_SECRET in
     # the secrets file). It reaches the driver through a 0600 properties file, never its command line.
-    auth_secret: str | None = None
+    auth_secret: str | None = field(default=None, repr=False)
     # A spark:// cluster whose workers hold the same Ivy cache at the same path (the native cluster, the compose
     # image): executors load the jars from there instead of copying them (~750 MB) into each application's dir.
     preinstalled_jars: bool = False

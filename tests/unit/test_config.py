@@ -165,3 +165,14 @@ def test_missing_file_and_bad_yaml_are_clear(tmp_path: Path) -> None:
 )
 def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration(text, "k") == seconds
+
+
+def test_no_secret_shows_in_the_repr_of_the_settings_or_a_section() -> None:
+    """A log line or a traceback that prints the settings (or one section) must not leak a credential."""
+    s = load_settings(
+        env={**SECURED_ENV, "IOTLAKE_STORAGE__ACCESS_KEY": "ACCESS-KEY", "IOTLAKE_SPARK__AUTH_SECRET": "AUTH-VALUE"}
+    )
+    assert s.storage.secret_key == "STORAGE-SECRET" and s.spark.auth_secret == "AUTH-VALUE"  # loaded, not dropped
+    for text in (repr(s), str(s), repr(s.storage), repr(s.kafka), repr(s.spark)):
+        leaked = [v for v in (*SECRET_VALUES, "ACCESS-KEY", "AUTH-VALUE") if v in text]
+        assert leaked == [], f"{leaked} in {text[:200]}"
