@@ -633,7 +633,7 @@ def test_dockerfile_bakes_the_jars_and_runs_unprivileged() -> None:
     assert not set(copied) & ignored, "a COPY source is excluded by .dockerignore"
     for source in copied:
         assert (ROOT / source).exists(), source
-    packages = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    packages = {p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages <= {Path(c).name for c in copied}, "every package listed in pyproject is copied"
 
 
