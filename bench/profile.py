@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -194,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(UTC).date().isoformat(),
         "commit": report.git_commit(),
         "load_average": load,
-        "command": "python -m bench.profile " + " ".join(argv or []),
+        "command": shlex.join(["python", "-m", "bench.profile", *(sys.argv[1:] if argv is None else argv)]),
         "seconds": round(time.monotonic() - started, 1),
         "batches": [batch_profile(r, jobs) for r in reports],
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -116,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(UTC).date().isoformat(),
         "commit": report.git_commit(),
         "load_average": load,
-        "command": " ".join(["python -m bench.readings_paths", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", "-m", "bench.readings_paths", *(sys.argv[1:] if argv is None else argv)]),
         "messages": args.messages,
         "per_trigger": args.per_trigger,
         "seconds_per_batch": seconds,

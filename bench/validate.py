@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -122,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.now(UTC).date().isoformat(),
         "commit": report.git_commit(),
         "load_average": load,
-        "command": "python -m bench.validate " + " ".join(argv or []),
+        "command": shlex.join(["python", "-m", "bench.validate", *(sys.argv[1:] if argv is None else argv)]),
         "messages": args.messages,
         "seconds": figures,
         "median_s": {k: statistics.median(v) for k, v in figures.items()},
