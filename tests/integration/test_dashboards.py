@@ -3,7 +3,7 @@
 The test stack's Prometheus (started by `stack.up` in the `stack_env` fixture) is pointed at this module's
 processes: `iotlake ingest` fed by `sensor-sim --metrics-port` (with faults, so quarantine and duplicate
 series exist) and `iotlake maintain`. Every panel query must return at least one finite value; a panel whose
-metric is not defined in streaming/metrics.py fails, naming the metric. Nothing is skipped.
+metric no metrics module defines (the job's, the sidecar's, the simulator's) fails, naming it. Nothing is skipped.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def panel_targets() -> list[Any]:
 
 
 def _undefined_metrics(expr: str) -> list[str]:
-    """The metrics a panel query reads that streaming/metrics.py does not define."""
+    """The metrics a panel query reads that no metrics module defines."""
     return sorted(build.metric_names(expr) - {"up"} - build.defined_metric_names())
 
 
@@ -208,7 +208,7 @@ def settled(scraped: Scraped) -> Scraped:
 @pytest.mark.parametrize("expr", panel_targets())
 def test_panel_query_returns_data(settled: Scraped, expr: str) -> None:
     undefined = _undefined_metrics(expr)
-    assert not undefined, f"{expr}: reads {undefined}, not defined in streaming/metrics.py"
+    assert not undefined, f"{expr}: reads {undefined}, defined in no metrics module"
     assert problem(settled.prometheus, expr) is None, (
         f"{build.concrete(expr, WINDOW)}: {problem(settled.prometheus, expr)}"
     )
