@@ -6,9 +6,24 @@
 `install` is not re-exported here: `stack.install` is the module (cached Kafka jars, MinIO binary).
 """
 
-from stack.api import down, status, up
-from stack.install import Installed
-from stack.kafka import ensure_topic
-from stack.layout import StackLayout
+from __future__ import annotations
 
-__all__ = ["Installed", "StackLayout", "down", "ensure_topic", "status", "up"]
+import importlib
+from typing import Any
+
+# Imported on first use, so that `import stack.supervise` (iotlake's parser) doesn't load the MinIO and Kafka clients.
+_EXPORTS = {
+    "down": "stack.api",
+    "status": "stack.api",
+    "up": "stack.api",
+    "Installed": "stack.install",
+    "ensure_topic": "stack.kafka",
+    "StackLayout": "stack.layout",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'stack' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -11,7 +11,6 @@ from dataclasses import asdict
 from datetime import date
 from typing import Any
 
-from streaming.cli import run
 from streaming.core.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from streaming.core.errors import IotLakeError, first_line
 from streaming.lake.ops import OPS_COMMANDS, add_ops_parsers
@@ -58,9 +57,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="print the effective config, secrets masked")
     config.add_argument("--json", action="store_true", help="JSON instead of YAML-ish text")
-    run.add_parser(sub)
+    _add_run_parser(sub)
     add_ops_parsers(sub)
     return parser
+
+
+def _add_run_parser(sub: Any) -> None:
+    """`iotlake run`: the whole pipeline live, then a summary (the README's first command, via `make run`)."""
+    parser = sub.add_parser("run", help="the whole pipeline live (stack, ingest, simulator), then a summary")
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds of simulated traffic (default 120)")
+    parser.add_argument("--rate", type=int, default=5000, help="events per second from sensor-sim (default 5000)")
+    parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
+    from stack.supervise import RestartPolicy
+
+    default = RestartPolicy()
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=default.max_restarts,
+        help="restarts of a dead ingest job or sidecar allowed within --restart-window, then exit 1 "
+        f"(default {default.max_restarts})",
+    )
+    parser.add_argument(
+        "--restart-window",
+        type=float,
+        default=default.window_s,
+        help=f"seconds over which deaths count against --max-restarts (default {default.window_s:.0f})",
+    )
+
+
+def _run(settings: Settings, args: argparse.Namespace) -> int:
+    from streaming.cli import run
+
+    return run.run(settings, args)
 
 
 def _date(text: str) -> date:
@@ -225,6 +254,6 @@ _COMMANDS = {
     "optimize": _optimize,
     "vacuum": _vacuum,
     "config": _config,
-    "run": run.run,
+    "run": _run,
     **OPS_COMMANDS,
 }

@@ -328,28 +328,6 @@ def print_summary(
     )
 
 
-def add_parser(sub: Any) -> None:
-    """`iotlake run`: the whole pipeline live, then a summary (the README's first command, via `make run`)."""
-    parser = sub.add_parser("run", help="the whole pipeline live (stack, ingest, simulator), then a summary")
-    parser.add_argument("--duration", type=float, default=120.0, help="seconds of simulated traffic (default 120)")
-    parser.add_argument("--rate", type=int, default=5000, help="events per second from sensor-sim (default 5000)")
-    parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
-    default = RestartPolicy()
-    parser.add_argument(
-        "--max-restarts",
-        type=int,
-        default=default.max_restarts,
-        help="restarts of a dead ingest job or sidecar allowed within --restart-window, then exit 1 "
-        f"(default {default.max_restarts})",
-    )
-    parser.add_argument(
-        "--restart-window",
-        type=float,
-        default=default.window_s,
-        help=f"seconds over which deaths count against --max-restarts (default {default.window_s:.0f})",
-    )
-
-
 def run(settings: Settings, args: argparse.Namespace) -> int:
     policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
     return run_pipeline(settings, StackLayout.default(), args.duration, args.rate, args.devices, policy)

@@ -34,3 +34,16 @@ def test_the_commands_that_need_no_jvm_load_no_pyspark() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+def test_iotlake_starts_without_loading_the_stack() -> None:
+    """Every `iotlake` command builds the whole parser; only `iotlake run` needs the stack's clients."""
+    code = (
+        "import json, sys\n"
+        "import streaming.cli\n"
+        "streaming.cli.build_parser()\n"
+        "print(json.dumps(sorted(m for m in ('stack.api', 'streaming.cli.run', 'minio') if m in sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
