@@ -53,10 +53,20 @@ def test_a_second_up_reloads_the_running_prometheus_by_sighup(settings: Settings
 
 
 def _loose(root: Path) -> list[str]:
-    """Entries under root (root included) that a group or other user could read, write or enter."""
+    """Entries under root (root included) that a group or other user could read, write or enter.
+
+    The services keep running while this walks: an entry that vanishes between listing and
+    stat (MinIO empties its .trash on its own) is gone, not loose, so it is skipped.
+    """
+    paths = [root]
+    for parent, dirs, files in os.walk(root):  # os.walk skips directories that vanish
+        paths += [Path(parent, name) for name in (*dirs, *files)]
     found = []
-    for path in [root, *root.rglob("*")]:
-        mode = path.lstat().st_mode
+    for path in paths:
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue
         if not stat.S_ISLNK(mode) and stat.S_IMODE(mode) & 0o077:
             found.append(f"{oct(stat.S_IMODE(mode))} {path}")
     return found
