@@ -26,18 +26,47 @@ ENV JAVA_HOME=/opt/java/openjdk \
     IOTLAKE_CACHE=/opt/iotlake/cache
 # A full JDK here: the optional log-store step compiles a Java class against the resolved jars.
 COPY --from=jdk /opt/java/openjdk /opt/java/openjdk
+# Extra CA certificates (*.crt) for a TLS-intercepting proxy between this build and PyPI / Maven Central:
+# trusted by pip (PIP_CERT: the system bundle) and by Java (Ivy), in this stage only. See deploy/ca/README.md.
+ARG EXTRA_CA_DIR=deploy/ca
+COPY ${EXTRA_CA_DIR}/ /usr/local/share/ca-certificates/iotlake-extra/
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+RUN update-ca-certificates >/dev/null \
+    && for crt in /usr/local/share/ca-certificates/iotlake-extra/*.crt; do \
+         [ -e "$crt" ] || continue; \
+         keytool -importcert -noprompt -cacerts -storepass changeit -alias "iotlake-$(basename "$crt" .crt)" \
+           -file "$crt" >/dev/null; \
+       done
 RUN python -m venv /opt/venv
 WORKDIR /app
 
 # Dependencies first, for the layer cache: read from pyproject.toml's [project] dependencies (no second list).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt
 
+# Spark's Delta, Kafka-source and S3A jars, resolved by the project's own resolver into the image's Ivy cache,
+# and the put-if-absent Delta log store (streaming/core/logstore.py: two writer processes per table are safe
+# with it), compiled with the JDK into $IOTLAKE_CACHE/jars, where streaming.core.session looks for it: the
+# runtime stage has no javac. Both need only the config and streaming/core (which imports nothing else of
+# ours), so a change elsewhere in the code keeps these layers (and their ~750 MB download).
+# WITH_LOGSTORE=false skips the log store (then set storage.log_store=single_driver and keep one writer per table).
+COPY config ./config
+COPY streaming/__init__.py ./streaming/
+COPY streaming/core ./streaming/core
+COPY streaming/jvm ./streaming/jvm
+RUN PYTHONPATH=/app python -m streaming.core.session
+ARG WITH_LOGSTORE=true
+RUN case "$WITH_LOGSTORE" in \
+      false) echo "log store jar: skipped (WITH_LOGSTORE=false)" ;; \
+      true) PYTHONPATH=/app python -c "from streaming.core.config import load_settings; from streaming.core.logstore import ensure_jar; print('log store jar:', ensure_jar(load_settings())[0])" ;; \
+      *) echo "WITH_LOGSTORE must be true or false" >&2; exit 1 ;; \
+    esac
+
 # The project itself, editable as in the native install: /app is the project root, so config/default.yaml
 # and relative paths such as checkpoints/ingest resolve the same way.
-COPY config ./config
+COPY README.md ./
 # The template `python -m stack secrets` fills (so the image can write a .env for hosts without Python).
 COPY .env.example ./
 COPY producers ./producers
@@ -45,20 +74,6 @@ COPY streaming ./streaming
 COPY stack ./stack
 COPY bench ./bench
 RUN pip install --no-deps -e .
-
-# Spark's Delta, Kafka-source and S3A jars, resolved by the project's own resolver into the image's Ivy cache.
-RUN python -m streaming.core.session
-
-# The put-if-absent Delta log store (streaming/core/logstore.py: two writer processes per table are safe with it).
-# Its jar is compiled here, with the JDK, into $IOTLAKE_CACHE/jars, where streaming.core.session looks for it: the
-# runtime stage has no javac. WITH_LOGSTORE=false skips it (then set storage.log_store=single_driver and keep
-# one writer per table).
-ARG WITH_LOGSTORE=true
-RUN case "$WITH_LOGSTORE" in \
-      false) echo "log store jar: skipped (WITH_LOGSTORE=false)" ;; \
-      true) python -c "from streaming.core.config import load_settings; from streaming.core.logstore import ensure_jar; print('log store jar:', ensure_jar(load_settings())[0])" ;; \
-      *) echo "WITH_LOGSTORE must be true or false" >&2; exit 1 ;; \
-    esac
 
 # ---- runtime: the same Python, a JRE, the venv, the jars, non-root ---------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

@@ -6,7 +6,7 @@ DURATION ?= 120
 PYTEST_ARGS ?=
 CLUSTER ?=
 
-.PHONY: install up down status run test unit integration bench profile lint secrets
+.PHONY: install up down status run test unit integration bench profile lint secrets deploy-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ bench: install               ## benchmark against the real stack; writes bench/r
 
 profile: install             ## where one micro-batch's time goes (Spark's event log); writes bench/results/<date>-profile.md
 	$(PY) -m bench.profile
+
+deploy-test: install         ## the compose deployment for real on podman: build the images, up, faults, exact counts (installs podman if missing)
+	$(PY) -m pytest tests/deploy $(PYTEST_ARGS)
 
 secrets: $(VENV)/.installed  ## .env for Docker Compose: random credentials, mode 0600; FORCE=1 replaces an existing one
 	$(PY) -m stack secrets --env .env $(if $(FORCE),--force)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stack import api, compose
+from stack import api, compose, containers
 from stack.install import install
 from stack.layout import StackLayout
 from streaming.core import logstore
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=_status)
     compose.register(sub, common)
+    containers.register(sub, common)
     return parser
 
 
