@@ -4,6 +4,8 @@ down/up from the same volumes, and what a container exposes. One project for the
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -11,9 +13,10 @@ from typing import TypeVar
 import pytest
 from deltalake.exceptions import TableNotFoundError
 
+from stack import containers
 from streaming.core import http
 from tests.deploy.conftest import Deployed
-from tests.integration.lake import assert_tables_match
+from tests.integration.lake import assert_tables_match, read_table
 
 T = TypeVar("T")
 
@@ -82,4 +85,69 @@ def test_simulator_to_tables_exact_counts_and_prometheus_scrapes_every_target(de
     )
     summary = deployed.finish(run)
     assert min(summary["duplicates"], summary["late"], summary["out_of_order"], summary["malformed_total"]) > 0
+    wait_exact(deployed)
+
+
+def _inspect(d: Deployed, service: str, fmt: str) -> str:
+    return d.deployment.podman_cmd("inspect", "--format", fmt, d.deployment.container(service)).stdout.strip()
+
+
+def _readings(d: Deployed) -> int:
+    try:
+        return len(read_table(d.settings, "readings", d.env))
+    except (TableNotFoundError, OSError):
+        return 0
+
+
+def _while_producing(d: Deployed, fault: Callable[[], None], count: int = 30_000, rate: int = 1_000) -> None:
+    """Start the simulator, let ingest commit some of it, apply the fault, then the tables must be exact."""
+    before = _readings(d)
+    run = d.simulate(count, rate, FAULTS)
+    settle(lambda: _readings(d), lambda n: n > before, 180, "ingest to commit some of this run")
+    fault()
+    d.finish(run)
+    wait_exact(d)
+
+
+def test_sigkill_of_the_ingest_container_restarts_it_and_counts_stay_exact(deployed: Deployed) -> None:
+    restarts = int(_inspect(deployed, "ingest", "{{.RestartCount}}"))
+
+    def kill() -> None:
+        os.kill(int(_inspect(deployed, "ingest", "{{.State.Pid}}")), signal.SIGKILL)  # as the OOM killer would
+        settle(
+            lambda: (
+                _inspect(deployed, "ingest", "{{.RestartCount}}"),
+                _inspect(deployed, "ingest", "{{.State.Status}}"),
+            ),
+            lambda got: int(got[0]) > restarts and got[1] == "running",
+            120,
+            "the restart policy to bring ingest back",
+        )
+
+    _while_producing(deployed, kill)
+    wait_healthy(deployed)
+
+
+def test_minio_down_for_30_seconds_loses_and_duplicates_nothing(deployed: Deployed) -> None:
+    def outage() -> None:
+        deployed.deployment.compose("stop", "minio")
+        time.sleep(30)  # the outage itself: MinIO stays down this long
+        deployed.deployment.compose("start", "minio")
+
+    _while_producing(deployed, outage)
+    wait_healthy(deployed)
+
+
+def test_a_kafka_restart_loses_and_duplicates_nothing(deployed: Deployed) -> None:
+    _while_producing(deployed, lambda: deployed.deployment.compose("restart", "kafka"))
+    wait_healthy(deployed)
+
+
+def test_down_and_up_from_the_same_volumes_resumes_from_the_checkpoint(deployed: Deployed) -> None:
+    deployed.deployment.compose("down", "--timeout", "120")
+    deployed.deployment.up(*containers.CORE_SERVICES)
+    wait_healthy(deployed)
+    wait_exact(deployed)  # nothing lost with the containers, nothing re-applied by the new ones
+    run = deployed.simulate(10_000, 2_000, FAULTS)
+    deployed.finish(run)
     wait_exact(deployed)
