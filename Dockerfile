@@ -91,11 +91,12 @@ COPY --from=jre /opt/java/openjdk /opt/java/openjdk
 RUN groupadd --system --gid 10001 iotlake \
     && useradd --system --uid 10001 --gid iotlake --home-dir /home/iotlake --create-home \
         --shell /usr/sbin/nologin iotlake
-COPY --from=build /opt/venv /opt/venv
-COPY --from=build /app /app
+# The largest and steadiest layers first, the code last: a code change rebuilds only the last layer.
 # Ivy writes resolution reports into its cache at every session start: the runtime user owns it (and the
 # log store jar in /opt/iotlake/cache).
 COPY --from=build --chown=iotlake:iotlake /opt/iotlake /opt/iotlake
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /app /app
 # Mount points for the volumes; a new named volume takes this ownership.
 RUN mkdir -p /app/checkpoints /app/var /tmp/spark-work \
     && chown iotlake:iotlake /app/checkpoints /app/var /tmp/spark-work

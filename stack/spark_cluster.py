@@ -162,6 +162,7 @@ def worker_argv(settings: Settings, layout: StackLayout) -> list[str]:
 
 # The container entry point's source of the secret (docker-compose.yml sets it from .env); the daemon never gets it.
 AUTH_SECRET_ENV = "IOTLAKE_SPARK__AUTH_SECRET"
+AUTH_SECRET_FILE_ENV = "IOTLAKE_SPARK_AUTH_SECRET_FILE"  # compose: the mounted secret file
 ROLE_CLASSES = {"master": MASTER_CLASS, "worker": WORKER_CLASS}
 ROLE_PROPERTIES = {"master": MASTER_PROPERTIES, "worker": WORKER_PROPERTIES}
 
@@ -175,22 +176,32 @@ def container_daemon(
     role: str, args: Sequence[str], env: Mapping[str, str], folder: Path
 ) -> tuple[list[str], dict[str, str]]:
     """The compose spark-master / spark-worker command: (argv, environment) for spark-class with
-    spark.authenticate on, its secret moved from the environment into a 0600 properties file in `folder`.
+    spark.authenticate on, its secret (from the environment, or the file compose mounts) copied into a 0600
+    properties file in `folder`.
 
     The secret is on no command line and not in the daemon's environment; the worker hands it to its
     executors as Spark does. Without a secret the daemon does not start: it would run any local user's code.
     """
-    secret = env.get(AUTH_SECRET_ENV)
+    secret = env.get(AUTH_SECRET_ENV) or _read_secret(env.get(AUTH_SECRET_FILE_ENV))
     if not secret:
         raise StackError(
-            f"{AUTH_SECRET_ENV} is not set: the Spark {role} refuses to run without spark.authenticate. Run "
-            "`make secrets` (it generates IOTLAKE_SPARK_AUTH_SECRET into .env) and start the spark-cluster "
-            "profile again."
+            f"Neither {AUTH_SECRET_ENV} nor {AUTH_SECRET_FILE_ENV} (a file holding the secret) is set: the Spark "
+            f"{role} refuses to run without spark.authenticate. Run `make secrets` (it generates the secrets "
+            "folder compose mounts) and start the spark-cluster profile again."
         )
     path = folder / f"{role}.conf"
     write_role_properties(path, role, secret)
     argv = [str(spark_class()), ROLE_CLASSES[role], "--properties-file", str(path), *args]
-    return argv, {k: v for k, v in env.items() if k != AUTH_SECRET_ENV}
+    return argv, {k: v for k, v in env.items() if k not in (AUTH_SECRET_ENV, AUTH_SECRET_FILE_ENV)}
+
+
+def _read_secret(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as e:
+        raise StackError(f"{AUTH_SECRET_FILE_ENV}={path} can't be read ({e.strerror}); run `make secrets`.") from e
 
 
 def exec_container_daemon(role: str, args: Sequence[str]) -> NoReturn:

@@ -31,7 +31,8 @@ class Deployed:
 
     deployment: containers.Deployment
     ports: dict[str, int]
-    env: dict[str, str]  # the env file's values: the generated secrets included
+    env: dict[str, str]  # the env file's values
+    secrets: dict[str, str]  # every generated secret, by name
     settings: Settings  # the host's view: MinIO and Kafka on their published loopback ports
     out: Path  # a folder the simulator's one-off containers write their summaries into
     summaries: list[dict[str, Any]] = field(default_factory=list)
@@ -108,6 +109,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         f.write("".join(f"{k}={v}\n" for k, v in ports.items()))
         f.write(f"KAFKA_TOPIC={TOPIC}\n")
     env = compose.parse_env(env_file.read_text())
+    secrets = compose.read_secret_files(compose.secrets_dir(env_file))
     out = home / "out"
     out.mkdir()
     out.chmod(0o777)  # the simulator's containers run as uid 10001
@@ -115,8 +117,8 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         env={
             **os.environ,
             "IOTLAKE_STORAGE__ENDPOINT": f"http://127.0.0.1:{ports['MINIO_API_PORT']}",
-            "IOTLAKE_STORAGE__ACCESS_KEY": env["IOTLAKE_READER_ACCESS_KEY"],
-            "IOTLAKE_STORAGE__SECRET_KEY": env["IOTLAKE_READER_SECRET_KEY"],
+            "IOTLAKE_STORAGE__ACCESS_KEY": secrets["IOTLAKE_READER_ACCESS_KEY"],
+            "IOTLAKE_STORAGE__SECRET_KEY": secrets["IOTLAKE_READER_SECRET_KEY"],
             "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{ports['KAFKA_HOST_PORT']}",
             "IOTLAKE_KAFKA__TOPIC": TOPIC,
         }
@@ -126,7 +128,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     with containers.api_service(podman), containers.health_ticker(podman, project):
         try:
             deployment.up(*containers.CORE_SERVICES)
-            yield Deployed(deployment, ports, env, settings, out)
+            yield Deployed(deployment, ports, env, secrets, settings, out)
         finally:
             logs = deployment.compose("logs", "--no-color", "--timestamps", check=False, profiles=("simulator",))
             (home / "compose.log").write_text(logs.stdout + logs.stderr)

@@ -4,6 +4,7 @@ down/up from the same volumes, and what a container exposes. One project for the
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -13,7 +14,7 @@ from typing import TypeVar
 import pytest
 from deltalake.exceptions import TableNotFoundError
 
-from stack import containers
+from stack import compose, containers
 from streaming.core import http
 from tests.deploy.conftest import Deployed
 from tests.integration.lake import assert_tables_match, read_table
@@ -49,7 +50,7 @@ def wait_healthy(d: Deployed, timeout: float = 600) -> None:
 
 def _tables_match(d: Deployed) -> bool:
     try:
-        assert_tables_match(d.settings, d.env, d.expected())
+        assert_tables_match(d.settings, d.secrets, d.expected())
     except (AssertionError, TableNotFoundError, OSError):  # not caught up yet, or no table yet
         return False
     return True
@@ -60,7 +61,7 @@ def wait_exact(d: Deployed, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not _tables_match(d):
         time.sleep(2.0)
-    assert_tables_match(d.settings, d.env, d.expected())
+    assert_tables_match(d.settings, d.secrets, d.expected())
 
 
 def test_every_service_becomes_healthy(deployed: Deployed) -> None:
@@ -94,7 +95,7 @@ def _inspect(d: Deployed, service: str, fmt: str) -> str:
 
 def _readings(d: Deployed) -> int:
     try:
-        return len(read_table(d.settings, "readings", d.env))
+        return len(read_table(d.settings, "readings", d.secrets))
     except (TableNotFoundError, OSError):
         return 0
 
@@ -151,3 +152,73 @@ def test_down_and_up_from_the_same_volumes_resumes_from_the_checkpoint(deployed:
     run = deployed.simulate(10_000, 2_000, FAULTS)
     deployed.finish(run)
     wait_exact(deployed)
+
+
+# --- what a container exposes --------------------------------------------------------------------------
+
+
+def _project_containers(d: Deployed) -> dict[str, str]:
+    """service -> container id, for every container of the project (one-shot jobs included)."""
+    out = d.deployment.compose("ps", "--all", "--format", "{{.Service}} {{.ID}}").stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def _generated_secrets(d: Deployed) -> dict[str, str]:
+    return {name: value for name, value in d.secrets.items() if value}
+
+
+def test_no_secret_in_any_containers_command_environment_or_image_history(deployed: Deployed) -> None:
+    secrets = _generated_secrets(deployed)
+    assert secrets.keys() == set(compose.SECRET_VARS)
+    leaks = []
+    for service, cid in _project_containers(deployed).items():
+        config = json.loads(
+            deployed.deployment.podman_cmd("inspect", "--format", "{{json .Config}}", cid).stdout or "{}"
+        )
+        shown = json.dumps({k: config.get(k) for k in ("Env", "Cmd", "Entrypoint", "Labels")})
+        leaks += [f"{service}: {name} in its config" for name, value in secrets.items() if value in shown]
+    for image in deployed.deployment.images.env().values():
+        history = deployed.deployment.podman_cmd("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).stdout
+        assert history.strip(), f"no history for {image}"
+        leaks += [f"{image}: {name} in its history" for name, value in secrets.items() if value in history]
+    assert leaks == []
+
+
+def test_every_service_runs_as_a_non_root_user(deployed: Deployed) -> None:
+    users = {}
+    for service in LONG_RUNNING:
+        result = deployed.deployment.podman_cmd("exec", deployed.deployment.container(service), "id", "-u")
+        assert result.returncode == 0, result.stderr
+        users[service] = int(result.stdout)
+    assert all(uid != 0 for uid in users.values()), users
+
+
+def test_ports_are_published_on_loopback_only(deployed: Deployed) -> None:
+    published = {}
+    for service, cid in _project_containers(deployed).items():
+        ports = json.loads(
+            deployed.deployment.podman_cmd("inspect", "--format", "{{json .NetworkSettings.Ports}}", cid).stdout or "{}"
+        )
+        for bindings in (ports or {}).values():
+            for b in bindings or []:
+                published[f"{service}:{b['HostPort']}"] = b["HostIp"]
+    assert published and set(published.values()) == {"127.0.0.1"}, published
+
+
+def test_minio_refuses_anonymous_access_from_another_container(deployed: Deployed) -> None:
+    bucket = deployed.settings.storage.bucket
+    probe = (
+        "import urllib.request, urllib.error\n"
+        f"for url in ('http://minio:9000/{bucket}', 'http://minio:9000/{bucket}/', 'http://minio:9000/{bucket}/readings/_delta_log/'):\n"
+        "    try:\n"
+        "        print(url, urllib.request.urlopen(url, timeout=10).status)\n"
+        "    except urllib.error.HTTPError as e:\n"
+        "        print(url, e.code)\n"
+    )
+    result = deployed.deployment.compose(
+        "run", "--rm", "--no-deps", "-T", "--entrypoint", "python", "simulator", "-c", probe,
+        profiles=("simulator",),
+        check=False,
+    )  # fmt: skip
+    codes = [line.rsplit(" ", 1)[-1] for line in result.stdout.splitlines() if line.startswith("http")]
+    assert len(codes) == 3 and set(codes) == {"403"}, result.stdout + result.stderr

@@ -1,5 +1,5 @@
 """The compose deployment's one-shot MinIO job, run exactly as docker-compose.yml runs it
-(`python -m stack bootstrap-minio`, secrets in the environment), against the real test-stack MinIO."""
+(`python -m stack bootstrap-minio`, its secrets in the mounted bootstrap.env), against the real test-stack MinIO."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import sys
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from minio import Minio
 from minio.error import S3Error
 
+from stack import compose
 from stack import secrets as sec
 from streaming.core.config import PROJECT_ROOT, load_settings
 
@@ -32,15 +34,16 @@ def _bootstrap(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_bootstrap_minio_job_creates_a_private_bucket_and_scoped_keys(
-    test_env: dict[str, str], stack_secrets: dict[str, str]
+    test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     bucket = f"compose-{uuid.uuid4().hex[:10]}"
-    fresh = sec.generate()  # new writer/reader users, as a new .env would bring
+    fresh = sec.generate()  # new writer/reader users, as a new secrets folder would bring
+    fresh[sec.ROOT_USER], fresh[sec.ROOT_PASSWORD] = stack_secrets[sec.ROOT_USER], stack_secrets[sec.ROOT_PASSWORD]
+    compose.write_secret_files(tmp_path / "secrets", compose.generate_values(fresh))
     env = {k: v for k, v in test_env.items() if not k.startswith("IOTLAKE_STORAGE__") or k.endswith("ENDPOINT")}
-    env.update({n: fresh[n] for n in sec.NAMES if n not in (sec.ROOT_USER, sec.ROOT_PASSWORD)})
-    env[sec.ROOT_USER], env[sec.ROOT_PASSWORD] = stack_secrets[sec.ROOT_USER], stack_secrets[sec.ROOT_PASSWORD]
+    env = {k: v for k, v in env.items() if k not in sec.NAMES}  # nothing from the environment
     env["IOTLAKE_STORAGE__BASE_URI"] = f"s3a://{bucket}/lake"
-    env["IOTLAKE_STORAGE__SECRETS_FILE"] = "/nonexistent/secrets.env"  # everything from the environment
+    env["IOTLAKE_STORAGE__SECRETS_FILE"] = str(tmp_path / "secrets" / "bootstrap.env")  # as mounted by compose
 
     first = _bootstrap(env)
     assert first.returncode == 0, first.stderr
@@ -69,9 +72,10 @@ def test_bootstrap_minio_job_creates_a_private_bucket_and_scoped_keys(
     assert anonymous.value.code == 403
 
 
-def test_bootstrap_minio_job_names_missing_secrets(test_env: dict[str, str]) -> None:
+def test_bootstrap_minio_job_names_missing_secrets(test_env: dict[str, str], tmp_path: Path) -> None:
     env = {k: v for k, v in test_env.items() if k not in sec.NAMES}
+    env["IOTLAKE_STORAGE__SECRETS_FILE"] = str(tmp_path / "absent.env")
     done = _bootstrap(env)
     assert done.returncode == 2
-    assert "MINIO_ROOT_USER" in done.stderr and "make secrets" in done.stderr
+    assert "MINIO_ROOT_USER" in done.stderr and "make secrets" in done.stderr and "absent.env" in done.stderr
     assert "Traceback" not in done.stderr

@@ -23,7 +23,6 @@ import sys
 import threading
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
@@ -81,6 +80,17 @@ def env(env_file: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def secrets_folder(env_file: Path) -> Path:
+    return compose.secrets_dir(env_file)
+
+
+@pytest.fixture(scope="session")
+def generated(secrets_folder: Path) -> dict[str, str]:
+    """Every generated secret by name, as the secrets folder holds them."""
+    return compose.read_secret_files(secrets_folder)
+
+
+@pytest.fixture(scope="session")
 def model(compose_bin: Path, env_file: Path) -> dict[str, Any]:
     """The file as Compose resolves it, every profile on: interpolated, merged, schema-validated."""
     done = compose.compose_config(compose_bin, env_file, "--format", "json")
@@ -107,10 +117,19 @@ def app_services(services: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, 
     return {name: svc for name, svc in services.items() if svc["image"] == image}
 
 
-def settings_for(svc: Mapping[str, Any]) -> Settings:
-    """The settings a container gets: the image's config file + its IOTLAKE_* environment, real loader."""
-    service_env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
-    service_env.setdefault("IOTLAKE_STORAGE__SECRETS_FILE", "/nonexistent/secrets.env")
+def on_host(value: str, secrets_folder: Path | None) -> str:
+    """A container path of a mounted secret (/run/secrets/NAME) as the host file compose mounts there."""
+    if secrets_folder is not None and value.startswith("/run/secrets/"):
+        return str(secrets_folder / value.removeprefix("/run/secrets/"))
+    return value
+
+
+def settings_for(svc: Mapping[str, Any], secrets_folder: Path | None = None) -> Settings:
+    """The settings a container gets: the image's config file + its IOTLAKE_* environment, real loader, with
+    its mounted secret files read from the secrets folder (or none, without one)."""
+    service_env = {k: on_host(str(v), secrets_folder) for k, v in (svc.get("environment") or {}).items()}
+    if secrets_folder is None:
+        service_env["IOTLAKE_STORAGE__SECRETS_FILE"] = "/nonexistent/secrets.env"
     return load_settings(env=service_env)
 
 
@@ -272,26 +291,28 @@ def test_spark_cluster_commands_use_real_classes_and_flags(services: dict[str, d
 
 
 def test_the_spark_cluster_profile_authenticates_with_a_generated_secret(
-    services: dict[str, dict[str, Any]], env: dict[str, str], tmp_path: Path
+    services: dict[str, dict[str, Any]], generated: dict[str, str], secrets_folder: Path, tmp_path: Path
 ) -> None:
-    """Master, worker and the ingest driver share the generated spark.authenticate secret from .env; each daemon
-    gets it in a 0600 properties file, not on its command line or in its environment."""
+    """Master, worker and the ingest driver share the generated spark.authenticate secret from the secrets folder;
+    each daemon gets it in a 0600 properties file, not on its command line or in its environment."""
     from stack import spark_cluster
 
-    secret = env[sec.SPARK_AUTH_SECRET]
+    secret = generated[sec.SPARK_AUTH_SECRET]
     assert len(secret) >= 32
-    for name in ("spark-master", "spark-worker", "ingest"):
-        assert services[name]["environment"][spark_cluster.AUTH_SECRET_ENV] == secret, name
-    ingest = settings_for(services["ingest"])
-    cluster = replace(ingest, spark=replace(ingest.spark, master="spark://spark-master:7077"))
+    on_cluster = {"IOTLAKE_SPARK__MASTER": "spark://spark-master:7077"}  # SPARK_MASTER in .env
+    ingest = services["ingest"]
+    cluster = settings_for({**ingest, "environment": {**ingest["environment"], **on_cluster}}, secrets_folder)
     assert cluster.spark.auth_secret == secret and uses_preinstalled_jars(cluster)
     for name in ("spark-master", "spark-worker"):
+        assert [s["source"] for s in services[name]["secrets"]] == ["spark_auth_secret"], name
         role, args = _daemon(services[name])
         folder = tmp_path / role
         folder.mkdir()
-        argv, child_env = spark_cluster.container_daemon(role, args, services[name]["environment"], folder)
+        environment = {k: on_host(str(v), secrets_folder) for k, v in services[name]["environment"].items()}
+        argv, child_env = spark_cluster.container_daemon(role, args, environment, folder)
         assert argv[1] == spark_cluster.ROLE_CLASSES[role] and argv[-len(args) :] == args
         assert secret not in " ".join(argv) and secret not in json.dumps(child_env), name
+        assert spark_cluster.AUTH_SECRET_FILE_ENV not in child_env
         conf = Path(argv[argv.index("--properties-file") + 1])
         assert conf.parent == folder and stat.S_IMODE(conf.stat().st_mode) == 0o600
         props = dict(line.split(" ", 1) for line in conf.read_text().splitlines() if not line.startswith("#"))
@@ -306,22 +327,23 @@ def test_the_spark_cluster_profile_authenticates_with_a_generated_secret(
 
 
 def test_iotlake_environment_loads_through_the_real_config_loader(
-    services: dict[str, dict[str, Any]], env: dict[str, str]
+    services: dict[str, dict[str, Any]], env: dict[str, str], generated: dict[str, str], secrets_folder: Path
 ) -> None:
     assert "maintenance" in Settings.__dataclass_fields__, "streaming.core.config.Settings has no maintenance section"
     for name in ("ingest", "maintain", "minio-init"):
         svc = services[name]
-        settings = settings_for(svc)
+        settings = settings_for(svc, secrets_folder)
         assert settings.storage.endpoint == "http://minio:9000"
         if name == "minio-init":
             continue
         assert settings.kafka.bootstrap_servers == INTERNAL_KAFKA
         assert settings.kafka.topic == env["KAFKA_TOPIC"]
         assert settings.kafka.partitions == int(env["KAFKA_PARTITIONS"])
-        # The pipeline writes with the writer's key, never MinIO's root.
-        assert settings.storage.access_key == env[sec.WRITER_ACCESS_KEY]
-        assert settings.storage.secret_key == env[sec.WRITER_SECRET_KEY]
-        assert env[sec.ROOT_PASSWORD] not in json.dumps(svc["environment"])
+        # The pipeline writes with the writer's key, never MinIO's root, from its mounted writer.env.
+        assert [s["source"] for s in svc["secrets"]] == ["writer.env"]
+        assert settings.storage.access_key == generated[sec.WRITER_ACCESS_KEY]
+        assert settings.storage.secret_key == generated[sec.WRITER_SECRET_KEY]
+        assert generated[sec.ROOT_PASSWORD] not in (secrets_folder / "writer.env").read_text()
 
 
 def test_ingest_settings_match_its_volume_healthcheck_and_cluster_wiring(services: dict[str, dict[str, Any]]) -> None:
@@ -335,11 +357,24 @@ def test_ingest_settings_match_its_volume_healthcheck_and_cluster_wiring(service
 
 
 def test_minio_init_gets_exactly_the_bootstrap_secrets(
-    services: dict[str, dict[str, Any]], env: dict[str, str]
+    services: dict[str, dict[str, Any]], generated: dict[str, str], secrets_folder: Path
 ) -> None:
-    environment = services["minio-init"]["environment"]
-    assert compose.secrets_from_env(environment) == {n: env[n] for n in sec.NAMES}
-    assert services["minio-init"]["command"] == ["python", "-m", "stack", "bootstrap-minio"]
+    svc = services["minio-init"]
+    assert [s["source"] for s in svc["secrets"]] == ["bootstrap.env"]
+    settings = settings_for(svc, secrets_folder)
+    found = compose.bootstrap_secrets(svc["environment"], Path(settings.storage.secrets_file))
+    assert found == {n: generated[n] for n in sec.NAMES}
+    assert svc["command"] == ["python", "-m", "stack", "bootstrap-minio"]
+
+
+def test_minio_reads_its_root_login_from_mounted_files(
+    services: dict[str, dict[str, Any]], generated: dict[str, str], secrets_folder: Path
+) -> None:
+    environment = services["minio"]["environment"]
+    mounted = {s["source"] for s in services["minio"]["secrets"]}
+    assert mounted == {"minio_root_user", "minio_root_password"}
+    for variable, name in (("MINIO_ROOT_USER_FILE", sec.ROOT_USER), ("MINIO_ROOT_PASSWORD_FILE", sec.ROOT_PASSWORD)):
+        assert Path(on_host(environment[variable], secrets_folder)).read_text() == generated[name]
 
 
 def test_other_variables_are_ones_the_programs_read(services: dict[str, dict[str, Any]]) -> None:
@@ -451,19 +486,26 @@ def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
         yield path, node
 
 
-def test_no_secret_literal_in_the_compose_file(raw: dict[str, Any]) -> None:
-    secret_values = 0
-    for path, value in _walk(raw):
-        key = path.rsplit(".", 1)[-1]
-        if SECRET_NAME.search(key):
-            match = REQUIRED_REF.match(str(value))
-            assert match, f"{path} must be a ${{VAR:?message}} reference, not {value!r}"
-            assert match.group(1) in compose.SECRET_VARS, f"{path} takes {match.group(1)}, which is not generated"
-            secret_values += 1
-    assert secret_values >= 10
+def test_no_secret_reaches_a_container_but_as_a_mounted_file(raw: dict[str, Any]) -> None:
+    """A variable named like a credential holds the path of a mounted secret, never a value or a ${VAR};
+    every mounted secret is a file of the generated folder, and each service mounts what it points at."""
+    pointers = 0
+    for name, svc in raw["services"].items():
+        mounted = set(svc.get("secrets") or [])
+        assert mounted <= compose.SECRET_FILES.keys(), f"{name} mounts {mounted - compose.SECRET_FILES.keys()}"
+        for path, value in _walk(svc.get("environment") or {}):
+            if SECRET_NAME.search(path):
+                assert str(value).startswith("/run/secrets/"), f"{name}.environment.{path} = {value!r}"
+                assert str(value).removeprefix("/run/secrets/") in mounted, f"{name} doesn't mount {value}"
+                pointers += 1
+    assert pointers >= 6
+    for secret, spec in raw["secrets"].items():
+        assert secret in compose.SECRET_FILES
+        assert REQUIRED_REF.match(spec["file"].rsplit("/", 1)[0]) and spec["file"].endswith(f"/{secret}"), spec
+    assert raw["secrets"].keys() == compose.SECRET_FILES.keys()
     text = compose.COMPOSE_FILE.read_text()
     for name in compose.SECRET_VARS:
-        assert re.findall(rf"\$\{{{name}(\W)", text) and set(re.findall(rf"\$\{{{name}(\W)", text)) == {":"}, name
+        assert not re.search(rf"\$\{{?{name}\b", text), f"docker-compose.yml references ${name}"
 
 
 # A variable reference (${VAR...}, $VAR, or $$VAR for the container's shell) and Spark's default
@@ -497,7 +539,7 @@ def test_secret_argument_detector_catches_references_and_credential_flags(argv: 
 
 
 def test_no_service_passes_a_secret_in_its_command(raw: dict[str, Any]) -> None:
-    """Arguments are world-readable (`ps`, /proc/<pid>/cmdline); secrets go through `environment:` only."""
+    """Arguments are world-readable (`ps`, /proc/<pid>/cmdline); secrets go through mounted files only."""
     checked = 0
     for name, svc in raw["services"].items():
         for field in ("command", "entrypoint"):
@@ -509,31 +551,40 @@ def test_no_service_passes_a_secret_in_its_command(raw: dict[str, Any]) -> None:
     assert checked >= 8, "every long-running service and job has a command"
 
 
-def test_env_example_holds_no_secret_and_every_generated_name(env: dict[str, str]) -> None:
+def test_env_example_holds_no_secret_and_every_generated_name(env: dict[str, str], generated: dict[str, str]) -> None:
     example = compose.parse_env(compose.ENV_EXAMPLE.read_text())
     for name in compose.GENERATED_VARS:
         assert example[name] == "", f".env.example must leave {name} empty (compose refuses it then)"
         assert env[name], name
     assert set(env) == set(example)
-    assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+    assert not set(compose.SECRET_VARS) & set(env), "secrets live in the secrets folder, not in .env"
+    assert not any(value in " ".join(env.values()) for value in generated.values())
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert ".env" in ignored and ".secrets/" in ignored
 
 
-def test_secrets_command_writes_a_private_env_and_refuses_to_overwrite(tmp_path: Path) -> None:
+def test_secrets_command_writes_a_private_env_and_folder_and_refuses_to_overwrite(tmp_path: Path) -> None:
     path = tmp_path / ".env"
+    folder = compose.secrets_dir(path)
     assert stack_cli.main(["secrets", "--env", str(path)]) == 0
-    first = compose.parse_env(path.read_text())
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert len({first[n] for n in compose.SECRET_VARS}) == len(compose.SECRET_VARS), "every secret differs"
+    first = compose.read_secret_files(folder)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert compose.parse_env(path.read_text())[compose.SECRETS_DIR_VAR] == str(folder)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(compose.SECRET_FILES)
+    assert first.keys() == set(compose.SECRET_VARS)
+    assert len(set(first.values())) == len(compose.SECRET_VARS), "every secret differs"
     assert len(first[sec.ROOT_PASSWORD]) == sec.SECRET_KEY_LENGTH
     assert len(first[sec.WRITER_ACCESS_KEY]) == sec.ACCESS_KEY_LENGTH
     assert stack_cli.main(["secrets", "--env", str(path)]) == 2
-    assert compose.parse_env(path.read_text()) == first, "refused means untouched"
+    assert compose.read_secret_files(folder) == first, "refused means untouched"
+    path.unlink()
+    assert stack_cli.main(["secrets", "--env", str(path)]) == 2, "the folder alone holds the volumes' credentials"
     assert stack_cli.main(["secrets", "--env", str(path), "--force"]) == 0
-    assert compose.parse_env(path.read_text())[sec.ROOT_PASSWORD] != first[sec.ROOT_PASSWORD]
+    assert compose.read_secret_files(folder)[sec.ROOT_PASSWORD] != first[sec.ROOT_PASSWORD]
 
 
 def test_render_env_refuses_a_template_missing_a_generated_name() -> None:
-    with pytest.raises(StackError, match="GRAFANA_ADMIN_PASSWORD"):
+    with pytest.raises(StackError, match="KAFKA_CLUSTER_ID"):
         compose.render_env("MINIO_ROOT_USER=\n", compose.generate_values())
 
 
@@ -614,7 +665,7 @@ def test_dockerfile_bakes_the_jars_and_runs_unprivileged() -> None:
     text = DOCKERFILE.read_text()
     stages = re.findall(r"^FROM \S+ AS (\w+)$", text, re.MULTILINE)
     assert stages[-1] == "runtime" and "build" in stages
-    assert "RUN python -m streaming.core.session" in text, "the project's resolver runs at build time"
+    assert "RUN PYTHONPATH=/app python -m streaming.core.session" in text, "the project's resolver runs at build time"
     assert text.count("IOTLAKE_SPARK__IVY_CACHE=/opt/iotlake/ivy") == 2, "same Ivy path when built and when run"
     assert re.search(r"^USER iotlake$", text, re.MULTILINE)
     assert re.search(r"^HEALTHCHECK .*\n?.*stack\", \"probe\"", text, re.MULTILINE)
@@ -627,7 +678,11 @@ def test_dockerfile_bakes_the_jars_and_runs_unprivileged() -> None:
     )
     for name in ("secret", "password"):
         assert not re.search(rf"^(ENV|ARG) .*{name}", text, re.IGNORECASE | re.MULTILINE)
-    copied = re.findall(r"^COPY (?!--from)(\S+) ", text, re.MULTILINE)
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.MULTILINE))
+    copied = [
+        re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], source).rstrip("/")
+        for source in re.findall(r"^COPY (?!--from)(?:--\S+ )*(\S+) ", text, re.MULTILINE)
+    ]
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip()}
     assert {".env", ".git", "var", ".venv"} <= ignored
     assert not set(copied) & ignored, "a COPY source is excluded by .dockerignore"
