@@ -496,7 +496,8 @@ def _deploy_compose(args: argparse.Namespace) -> int:
     podman = Podman.at(layout)
     write_conf(podman)
     deployment = Deployment(layout, podman, args.project, Path(args.env_file), local_images())
-    with api_service(podman):
+    # The healthchecks run while compose does: a `depends_on: service_healthy` needs them where there is no systemd.
+    with api_service(podman), health_ticker(podman, args.project):
         return subprocess.run(
             deployment.argv(*args.args), env=compose_env(podman, deployment.images), check=False
         ).returncode
