@@ -526,8 +526,23 @@ def health_ticker(podman: Podman, project: str, tick: float = 2.0) -> Iterator[N
     """
     stop = threading.Event()
     due: dict[str, float] = {}
+    intervals: dict[str, float | None] = {}  # container id -> its healthcheck's interval (None: it has none)
+
+    def interval(cid: str) -> float | None:
+        spec = subprocess.run(
+            ["podman", "inspect", "--format", "{{json .Config.Healthcheck}}", cid],
+            env=podman.env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        check = json.loads(spec) if spec.startswith("{") else None
+        if check and check.get("Test") and check["Test"][0] != "NONE":
+            return max(1.0, (check.get("Interval") or 30_000_000_000) / 1e9)
+        return None
 
     def containers() -> dict[str, float]:
+        """The project's running containers that have a healthcheck (each inspected once)."""
         out = subprocess.run(
             ["podman", "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"],
             env=podman.env(),
@@ -537,24 +552,19 @@ def health_ticker(podman: Podman, project: str, tick: float = 2.0) -> Iterator[N
         )
         found: dict[str, float] = {}
         for cid in out.stdout.split():
-            spec = subprocess.run(
-                ["podman", "inspect", "--format", "{{json .Config.Healthcheck}}", cid],
-                env=podman.env(),
-                capture_output=True,
-                text=True,
-                check=False,
-            ).stdout.strip()
-            check = json.loads(spec) if spec.startswith("{") else None
-            if check and check.get("Test") and check["Test"][0] != "NONE":
-                found[cid] = max(1.0, (check.get("Interval") or 30_000_000_000) / 1e9)
+            if cid not in intervals:
+                intervals[cid] = interval(cid)
+            every = intervals[cid]
+            if every is not None:
+                found[cid] = every
         return found
 
     def loop() -> None:
         while not stop.wait(tick):
             now = time.monotonic()
-            for cid, interval in containers().items():
+            for cid, every in containers().items():
                 if due.setdefault(cid, now) <= now:
-                    due[cid] = now + interval
+                    due[cid] = now + every
                     subprocess.run(
                         ["podman", "healthcheck", "run", cid],
                         env=podman.env(),
