@@ -8,7 +8,7 @@ binaries the native stack installs (Maven's Kafka jars, the pinned MinIO build, 
 deploy/compose.local.yml points docker-compose.yml at those images; users with a registry keep the public
 ones. podman's settings live in a project-written containers.conf (CONTAINERS_CONF); /etc is never edited.
 
-`python -m stack deploy tools|build|up|down|compose ARGS` (see `register`); tests/deploy drives it.
+`python -m stack deploy build|compose ARGS` (see `register`); tests/deploy drives it.
 """
 
 from __future__ import annotations
@@ -81,9 +81,9 @@ class Podman:
     def docker_host(self) -> str:
         return f"unix://{self.socket}"
 
-    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         """The environment podman and docker-compose run with: this conf, this socket."""
-        env = dict(os.environ if base is None else base)
+        env = dict(os.environ)
         env["CONTAINERS_CONF"] = str(self.conf)
         env["DOCKER_HOST"] = self.docker_host
         return env
@@ -218,8 +218,15 @@ def podman_run(podman: Podman, *args: str, what: str, fix: str, timeout: float =
     return run_checked(["podman", *args], what=what, fix=fix, timeout=timeout, env=podman.env(), log=log)
 
 
+def podman_out(podman: Podman, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`podman ARGS` with this conf, its output captured; the caller reads the exit code."""
+    return subprocess.run(
+        ["podman", *args], env=podman.env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def image_exists(podman: Podman, ref: str) -> bool:
-    return subprocess.run(["podman", "image", "exists", ref], env=podman.env(), check=False).returncode == 0
+    return podman_out(podman, "image", "exists", ref).returncode == 0
 
 
 def base_image() -> str:
@@ -468,18 +475,18 @@ class Deployment:
         return ids[0]
 
     def podman_cmd(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["podman", *args], env=self.podman.env(), capture_output=True, text=True, timeout=timeout, check=False
-        )
+        return podman_out(self.podman, *args, timeout=timeout)
+
+    def inspect(self, service: str, fmt: str) -> str:
+        """One field of a service's container, as `podman inspect --format FMT` prints it."""
+        return self.podman_cmd("inspect", "--format", fmt, self.container(service)).stdout.strip()
 
     def health(self, service: str) -> str:
         """podman's health state of a service's container ('healthy', 'starting', 'unhealthy', '' without one)."""
-        out = self.podman_cmd("inspect", "--format", "{{.State.Health.Status}}", self.container(service))
-        return out.stdout.strip()
+        return self.inspect(service, "{{.State.Health.Status}}")
 
     def state(self, service: str) -> str:
-        out = self.podman_cmd("inspect", "--format", "{{.State.Status}}", self.container(service))
-        return out.stdout.strip()
+        return self.inspect(service, "{{.State.Status}}")
 
 
 def _deploy_build(args: argparse.Namespace) -> int:
@@ -529,13 +536,7 @@ def health_ticker(podman: Podman, project: str, tick: float = 2.0) -> Iterator[N
     intervals: dict[str, float | None] = {}  # container id -> its healthcheck's interval (None: it has none)
 
     def interval(cid: str) -> float | None:
-        spec = subprocess.run(
-            ["podman", "inspect", "--format", "{{json .Config.Healthcheck}}", cid],
-            env=podman.env(),
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+        spec = podman_out(podman, "inspect", "--format", "{{json .Config.Healthcheck}}", cid).stdout.strip()
         check = json.loads(spec) if spec.startswith("{") else None
         if check and check.get("Test") and check["Test"][0] != "NONE":
             return max(1.0, (check.get("Interval") or 30_000_000_000) / 1e9)
@@ -543,13 +544,7 @@ def health_ticker(podman: Podman, project: str, tick: float = 2.0) -> Iterator[N
 
     def containers() -> dict[str, float]:
         """The project's running containers that have a healthcheck (each inspected once)."""
-        out = subprocess.run(
-            ["podman", "ps", "-q", "--filter", f"label=com.docker.compose.project={project}"],
-            env=podman.env(),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        out = podman_out(podman, "ps", "-q", "--filter", f"label=com.docker.compose.project={project}")
         found: dict[str, float] = {}
         for cid in out.stdout.split():
             if cid not in intervals:
@@ -565,13 +560,7 @@ def health_ticker(podman: Podman, project: str, tick: float = 2.0) -> Iterator[N
             for cid, every in containers().items():
                 if due.setdefault(cid, now) <= now:
                     due[cid] = now + every
-                    subprocess.run(
-                        ["podman", "healthcheck", "run", cid],
-                        env=podman.env(),
-                        capture_output=True,
-                        timeout=120,
-                        check=False,
-                    )
+                    podman_out(podman, "healthcheck", "run", cid)
 
     thread = threading.Thread(target=loop, name="health-ticker", daemon=True)
     thread.start()

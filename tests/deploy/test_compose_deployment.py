@@ -89,10 +89,6 @@ def test_simulator_to_tables_exact_counts_and_prometheus_scrapes_every_target(de
     wait_exact(deployed)
 
 
-def _inspect(d: Deployed, service: str, fmt: str) -> str:
-    return d.deployment.podman_cmd("inspect", "--format", fmt, d.deployment.container(service)).stdout.strip()
-
-
 def _readings(d: Deployed) -> int:
     try:
         return len(read_table(d.settings, "readings", d.secrets))
@@ -111,14 +107,14 @@ def _while_producing(d: Deployed, fault: Callable[[], None], count: int = 30_000
 
 
 def test_sigkill_of_the_ingest_container_restarts_it_and_counts_stay_exact(deployed: Deployed) -> None:
-    restarts = int(_inspect(deployed, "ingest", "{{.RestartCount}}"))
+    restarts = int(deployed.deployment.inspect("ingest", "{{.RestartCount}}"))
 
     def kill() -> None:
-        os.kill(int(_inspect(deployed, "ingest", "{{.State.Pid}}")), signal.SIGKILL)  # as the OOM killer would
+        os.kill(int(deployed.deployment.inspect("ingest", "{{.State.Pid}}")), signal.SIGKILL)  # as the OOM killer would
         settle(
             lambda: (
-                _inspect(deployed, "ingest", "{{.RestartCount}}"),
-                _inspect(deployed, "ingest", "{{.State.Status}}"),
+                deployed.deployment.inspect("ingest", "{{.RestartCount}}"),
+                deployed.deployment.inspect("ingest", "{{.State.Status}}"),
             ),
             lambda got: int(got[0]) > restarts and got[1] == "running",
             120,
