@@ -7,6 +7,8 @@
   SASL listener's password, IOTLAKE_KAFKA_SASL_PASSWORD, included).
 - `test_env` (function): os.environ + stack_env + a unique base_uri, topic and checkpoint for one test.
 - `settings` (function): `load_settings(env=test_env)`, its topic created with 6 partitions.
+- `spark_sessions` (session): the process's one Spark session, rebuilt (a new JVM) when a test needs the other
+  kind; the unit and integration `spark` fixtures ask it for theirs.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import contextlib
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaException
+from pyspark.sql import SparkSession
 
 from stack import StackLayout, down, ensure_topic, up
 from stack import kafka as stack_kafka
@@ -29,6 +32,7 @@ from stack.addresses import free_port
 from stack.addresses import loopback_port_free as port_free
 from stack.layout import HOME_ENV, default_cache
 from streaming.core.config import PROJECT_ROOT, Settings, load_settings, read_secrets_file
+from streaming.core.session import stop_session
 from tests.helpers import free_port_pair
 
 REUSE_ENV = "IOTLAKE_TEST_REUSE_STACK"
@@ -134,3 +138,35 @@ def _delete_topic(s: Settings) -> None:
     admin = stack_kafka.admin_client(s.kafka.bootstrap_servers)
     with contextlib.suppress(KafkaException, TimeoutError, RuntimeError):
         admin.delete_topics([s.kafka.topic], operation_timeout=5)[s.kafka.topic].result(timeout=10)
+
+
+class SparkSessions:
+    """One Spark session at a time, by kind ("unit": local files; "integration": the test stack).
+
+    A JVM keeps the jars and S3 settings it was launched with, and getOrCreate hands back a running session
+    whatever it is asked for; so a test that needs the other kind gets a new JVM, not the running one.
+    """
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.session: SparkSession | None = None
+
+    def get(self, kind: str, build: Callable[[], SparkSession]) -> SparkSession:
+        if self.kind != kind or self.session is None:
+            self.close()
+            self.session, self.kind = build(), kind
+        return self.session
+
+    def close(self) -> None:
+        if self.session is not None:
+            stop_session(self.session)
+        self.session = self.kind = None
+
+
+@pytest.fixture(scope="session")
+def spark_sessions() -> Iterator[SparkSessions]:
+    sessions = SparkSessions()
+    try:
+        yield sessions
+    finally:
+        sessions.close()

@@ -29,6 +29,10 @@ class JavaMissingError(IotLakeError):
     """No usable Java runtime for Spark."""
 
 
+class SessionError(IotLakeError):
+    """A Spark session can't be built as asked in this process."""
+
+
 class CheckpointError(IotLakeError):
     """The checkpoint belongs to a different or incompatible query."""
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pyspark
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from streaming.core.config import Settings, resolve_path
-from streaming.core.errors import ConfigError, JavaMissingError
+from streaming.core.errors import ConfigError, JavaMissingError, SessionError
 from streaming.core.logstore import ensure_jar, log_store_conf, needs_jar
 from streaming.core.storage import storage_conf, storage_credentials
 from streaming.core.versions import HADOOP_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION
@@ -110,6 +111,11 @@ def build_session(
     """
     from delta import configure_spark_with_delta_pip
 
+    if SparkContext._active_spark_context is not None:
+        raise SessionError(
+            "A Spark session already runs in this process: getOrCreate would return it without these settings "
+            "(storage endpoint, jars, log store). Stop it with streaming.core.session.stop_session first."
+        )
     check_java()
     credentials = storage_credentials(settings)  # missing keys fail here, before the JVM starts
     jar = None
@@ -140,6 +146,23 @@ def build_session(
         hadoop_conf.set(key, value)
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop the session and the JVM it runs in, so that the next build_session launches a JVM with its own jars
+    and properties: a JVM outlives its stopped context and keeps the launch conf it started with."""
+    spark.stop()
+    gateway = SparkContext._gateway
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if gateway is None:
+        return
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)  # pyspark's launch_gateway: the JVM exits when its stdin closes
+    if proc is not None:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(timeout=60)
 
 
 @contextlib.contextmanager
@@ -241,7 +264,7 @@ def resolve_jars(settings: Settings) -> bool:
     try:
         listed = spark.sparkContext.getConf().get("spark.jars", "") or ""
     finally:
-        spark.stop()
+        stop_session(spark)
     jars = [urlsplit(j).path for j in listed.split(",") if j.strip()]
     jars = [j for j in jars if Path(j).resolve().is_relative_to(ivy)]  # not config's own spark.jars
     marker = jars_marker(settings)

@@ -7,20 +7,17 @@ codes) still start `iotlake` as its own process (tests.integration.lake.run_inge
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
 
 from streaming.core.config import load_settings
 from streaming.core.session import build_session
+from tests.conftest import SparkSessions
 
 
-@pytest.fixture(scope="session")
-def spark(stack_env: dict[str, str]) -> Iterator[SparkSession]:
-    """The session's one Spark session, built for the test stack (S3A on its MinIO, the log store)."""
-    session = build_session(load_settings(env={**os.environ, **stack_env}), app_name="iotlake-integration-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
+@pytest.fixture(scope="module")  # a module uses one kind; module-scoped fixtures take it
+def spark(spark_sessions: SparkSessions, stack_env: dict[str, str]) -> SparkSession:
+    """The Spark session for the test stack (S3A on its MinIO, the log store), shared by the integration tests."""
+    settings = load_settings(env={**os.environ, **stack_env})
+    return spark_sessions.get("integration", lambda: build_session(settings, app_name="iotlake-integration-tests"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ from pyspark.sql import SparkSession
 
 from streaming.core.config import Settings, load_settings
 from streaming.core.session import build_session
+from tests.conftest import SparkSessions
 
 
 @pytest.fixture(scope="session")
@@ -24,13 +24,10 @@ def local_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     )
 
 
-@pytest.fixture(scope="session")
-def spark(local_settings: Settings) -> Iterator[SparkSession]:
-    session = build_session(local_settings, app_name="iotlake-unit-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
+@pytest.fixture(scope="module")  # a module uses one kind; module-scoped fixtures take it
+def spark(spark_sessions: SparkSessions, local_settings: Settings) -> SparkSession:
+    """A small local Spark session, shared by the unit tests (see tests.conftest.SparkSessions)."""
+    return spark_sessions.get("unit", lambda: build_session(local_settings, app_name="iotlake-unit-tests"))
 
 
 @pytest.fixture
