@@ -437,6 +437,12 @@ TABLE_HEALTH = _dashboard(
             ),
         ),
         _graph(
+            "Running now",
+            "1 while the sidecar runs an OPTIMIZE or VACUUM on the table (iot_maintenance_in_progress).",
+            "short",
+            Query("max by (table, operation) (iot_maintenance_in_progress)", "{{operation}} {{table}}"),
+        ),
+        _graph(
             "Time since last successful run",
             "Seconds since each table's last successful OPTIMIZE and VACUUM by the sidecar.",
             "s",

@@ -12,8 +12,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
@@ -244,13 +243,6 @@ class Maintainer:
 
     # --- operations ---
 
-    @contextmanager
-    def _operation(self, table: str, operation: str) -> Iterator[None]:
-        m = self.metrics
-        m.runs.labels(table, operation).inc()
-        with m.duration.labels(table, operation).time():
-            yield
-
     def optimize(self, spec: TableConfig, task: CompactionTask, files_before: int) -> OptimizeResult:
         """OPTIMIZE one partition (or the whole table when unpartitioned / clustered), Z-ORDER if configured."""
         from delta.tables import DeltaTable
@@ -263,7 +255,7 @@ class Maintainer:
             "files_before": files_before,
         }
         try:
-            with self._operation(spec.name, "optimize"):
+            with self.metrics.operation(spec.name, "optimize"):
                 builder = DeltaTable.forPath(self.spark, self.uri(spec)).optimize()
                 if task.partition != UNPARTITIONED:
                     builder = builder.where(partition_predicate(task.partition))
@@ -334,7 +326,7 @@ class Maintainer:
         before = {o.path: o for o in list_objects(self.settings, uri)}
         started = time.monotonic()
         try:
-            with self._operation(spec.name, "vacuum"):
+            with self.metrics.operation(spec.name, "vacuum"):
                 DeltaTable.forPath(self.spark, uri).vacuum(retention / 3600.0)
         except Exception as e:  # counted and reported; the loop goes on
             conflict = is_conflict(e)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -140,11 +141,26 @@ class MaintenanceMetrics:
             labels,
             registry=r,
         )
+        self.in_progress = Gauge(
+            "iot_maintenance_in_progress", "1 while the operation runs on the table", labels, registry=r
+        )
         self.cycles = Counter("iot_maintenance_cycles_total", "Maintenance cycles completed", registry=r)
         self.up = Gauge("iot_maintenance_up", "1 while the sidecar loop runs", registry=r)
 
     def serve(self, host: str, port: int) -> Callable[[], None]:
         return serve(self.registry, host, port, "maintenance.metrics_port")
+
+    @contextlib.contextmanager
+    def operation(self, table: str, operation: str) -> Iterator[None]:
+        """One maintenance operation: counted when it starts, timed, and in progress until it ends (or fails)."""
+        self.runs.labels(table, operation).inc()
+        running = self.in_progress.labels(table, operation)
+        running.set(1)
+        try:
+            with self.duration.labels(table, operation).time():
+                yield
+        finally:
+            running.set(0)
 
     def record_health(self, health: TableHealth, new_commits: Churn) -> None:
         """The table's newest health, and the churn of the commits since the previous cycle."""

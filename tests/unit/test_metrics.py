@@ -99,3 +99,22 @@ def test_samples_of_a_metrics_page_by_labels_and_summed_by_name() -> None:
     assert got["iot_maintenance_runs_total{operation=vacuum,table=quarantine}"] == 1
     assert got["iot_maintenance_runs_total"] == 4
     assert "iot_maintenance_runs_created" in got  # its own name, not summed into _total
+
+
+def test_an_operation_is_counted_timed_and_shown_in_progress_while_it_runs() -> None:
+    metrics = MaintenanceMetrics(registry=CollectorRegistry())
+
+    def shown() -> dict[str, float]:
+        return samples(generate_latest(metrics.registry).decode())
+
+    with metrics.operation("readings", "optimize"):
+        during = shown()
+    with pytest.raises(RuntimeError), metrics.operation("readings", "optimize"):
+        raise RuntimeError("OPTIMIZE failed")
+    after = shown()
+    key = "{operation=optimize,table=readings}"
+    assert during[f"iot_maintenance_in_progress{key}"] == 1
+    assert during[f"iot_maintenance_runs_total{key}"] == 1
+    assert after[f"iot_maintenance_in_progress{key}"] == 0  # a failed one too
+    assert after[f"iot_maintenance_runs_total{key}"] == 2
+    assert after[f"iot_maintenance_duration_seconds_count{key}"] == 2
