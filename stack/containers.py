@@ -408,10 +408,14 @@ def build_images(podman: Podman, layout: StackLayout, echo: Echo | None = print)
 # --- compose -------------------------------------------------------------------------------------------
 
 
-def compose_argv(layout: StackLayout, project: str, env_file: Path, profiles: Sequence[str] = ()) -> list[str]:
-    """docker-compose on the project's file plus deploy/compose.local.yml (the local images)."""
+def compose_argv(
+    layout: StackLayout, project: str, env_file: Path, profiles: Sequence[str] = (), overrides: Sequence[Path] = ()
+) -> list[str]:
+    """docker-compose on the project's file plus deploy/compose.local.yml (the local images) and any overrides."""
     argv = [str(compose.compose_binary(layout)), "--project-directory", str(PROJECT_ROOT)]
-    argv += ["-f", str(compose.COMPOSE_FILE), "-f", str(LOCAL_COMPOSE_FILE), "-p", project, "--env-file", str(env_file)]
+    for file in (compose.COMPOSE_FILE, LOCAL_COMPOSE_FILE, *overrides):
+        argv += ["-f", str(file)]
+    argv += ["-p", project, "--env-file", str(env_file)]
     for profile in profiles:
         argv += ["--profile", profile]
     return argv
@@ -430,16 +434,17 @@ CORE_SERVICES = ("minio", "minio-init", "kafka", "kafka-init", "ingest", "mainta
 
 @dataclass(frozen=True)
 class Deployment:
-    """One compose project on podman: its name, env file and the images it runs."""
+    """One compose project on podman: its name, env file, the images it runs and any override files."""
 
     layout: StackLayout
     podman: Podman
     project: str
     env_file: Path
     images: Images
+    overrides: tuple[Path, ...] = ()
 
     def argv(self, *args: str, profiles: Sequence[str] = ()) -> list[str]:
-        return [*compose_argv(self.layout, self.project, self.env_file, profiles), *args]
+        return [*compose_argv(self.layout, self.project, self.env_file, profiles, self.overrides), *args]
 
     def compose(
         self, *args: str, profiles: Sequence[str] = (), timeout: float = 900, check: bool = True

@@ -130,8 +130,8 @@ class SparkConfig:
     # spark.authenticate's shared secret for a spark:// master (the native cluster's: IOTLAKE_SPARK_AUTH_SECRET in
     # the secrets file). It reaches the driver through a 0600 properties file, never its command line.
     auth_secret: str | None = field(default=None, repr=False)
-    # A spark:// cluster whose workers hold the same Ivy cache at the same path (the native cluster, the compose
-    # image): executors load the jars from there instead of copying them (~750 MB) into each application's dir.
+    # The resolved jars on the class path, no Ivy at start (the compose image). On a spark:// cluster the workers
+    # hold the same Ivy cache at the same path: executors load the jars from there instead of copying ~750 MB.
     preinstalled_jars: bool = False
 
 

@@ -201,7 +201,9 @@ def _auth_properties(settings: Settings) -> Iterator[Path | None]:
 
 
 def uses_preinstalled_jars(settings: Settings) -> bool:
-    return settings.spark.preinstalled_jars and settings.spark.master.startswith("spark://")
+    """spark.preinstalled_jars: the resolved jars go on the class path; Ivy doesn't run (it writes its cache and may
+    reach a repository), so the job starts on a read-only root file system and with no route to a registry."""
+    return settings.spark.preinstalled_jars
 
 
 def jars_marker(settings: Settings) -> Path:

@@ -23,6 +23,7 @@ from stack.layout import StackLayout
 from streaming.core.config import Settings, default_cache, load_settings
 
 TOPIC = "sensor-readings"
+OVERRIDES = (Path(__file__).with_name("compose.test.yml"),)
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Deployed:
 
     deployment: containers.Deployment
     ports: dict[str, int]
+    env_file: Path
     env: dict[str, str]  # the env file's values
     secrets: dict[str, str]  # every generated secret, by name
     settings: Settings  # the host's view: MinIO and Kafka on their published loopback ports
@@ -124,11 +126,11 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         }
     )
     project = f"iotlake-test-{uuid.uuid4().hex[:8]}"
-    deployment = containers.Deployment(layout, podman, project, env_file, images)
+    deployment = containers.Deployment(layout, podman, project, env_file, images, OVERRIDES)
     with containers.api_service(podman), containers.health_ticker(podman, project):
         try:
             deployment.up(*containers.CORE_SERVICES)
-            yield Deployed(deployment, ports, env, secrets, settings, out)
+            yield Deployed(deployment, ports, env_file, env, secrets, settings, out)
         finally:
             logs = deployment.compose("logs", "--no-color", "--timestamps", check=False, profiles=("simulator",))
             (home / "compose.log").write_text(logs.stdout + logs.stderr)

@@ -5,19 +5,27 @@ down/up from the same volumes, and what a container exposes. One project for the
 from __future__ import annotations
 
 import json
+import operator
 import os
 import signal
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from stack import compose, containers
 from streaming.core import http
-from tests.deploy.conftest import Deployed
-from tests.integration.lake import assert_tables_match, read_table
+from streaming.core.prometheus import samples
+from streaming.core.storage import delta_rs_uri
+from tests.deploy.conftest import TOPIC, Deployed
+from tests.integration.lake import assert_tables_match, read_table, reader_options
 
 T = TypeVar("T")
 
@@ -25,6 +33,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 FAULTS = ("--duplicate-rate", "0.05", "--out-of-order-rate", "0.05", "--late-rate", "0.05", "--malformed-rate", "0.04")
 LONG_RUNNING = ("minio", "kafka", "ingest", "maintain", "prometheus")
+TABLES = ("readings", "quarantine", "device_state")
 
 
 def settle(read: Callable[[], T], ok: Callable[[T], bool], timeout: float, message: str) -> T:
@@ -89,6 +98,46 @@ def test_simulator_to_tables_exact_counts_and_prometheus_scrapes_every_target(de
     wait_exact(deployed)
 
 
+def test_the_job_starts_from_its_image_with_no_route_to_any_registry(deployed: Deployed, offline_network: str) -> None:
+    """The app image runs the job on a network that reaches Kafka and MinIO only (read-only root, as in compose):
+    the baked-in jars and log store are all it needs. It reads the topic from the start into a new prefix, which
+    then holds exactly what the simulator sent."""
+    image = deployed.deployment.images.app
+    reach = (
+        "import socket\n"
+        "for h in ('repo1.maven.org', 'pypi.org'):\n"
+        "    try:\n"
+        "        socket.create_connection((h, 443), 5)\n"
+        "        print(h, 'reached')\n"
+        "    except OSError as e:\n"
+        "        print(h, 'unreachable:', e)\n"
+    )
+    cut = deployed.deployment.podman_cmd("run", "--rm", "--network", offline_network, image, "python", "-c", reach)
+    assert cut.stdout.count("unreachable") == 2, cut.stdout + cut.stderr
+    prefix = f"offline-{uuid.uuid4().hex[:8]}"
+    base_uri = f"s3a://{deployed.settings.storage.bucket}/{prefix}"
+    writer = compose.secrets_dir(deployed.env_file) / "writer.env"
+    env = {
+        "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": "kafka:19092",
+        "IOTLAKE_KAFKA__TOPIC": TOPIC,
+        "IOTLAKE_STORAGE__ENDPOINT": "http://minio:9000",
+        "IOTLAKE_STORAGE__SECRETS_FILE": "/run/secrets/writer.env",
+        "IOTLAKE_STORAGE__BASE_URI": base_uri,
+        "IOTLAKE_INGEST__CHECKPOINT_LOCATION": "/tmp/checkpoint",
+        "IOTLAKE_INGEST__METRICS_PORT": "0",
+        "IOTLAKE_SPARK__MASTER": "local[2]",
+        "IOTLAKE_SPARK__PREINSTALLED_JARS": "true",
+    }
+    argv = ["run", "--rm", "--network", offline_network, "--read-only", "--tmpfs", "/tmp:size=2g,mode=1777"]
+    argv += ["-v", f"{writer}:/run/secrets/writer.env:ro"]
+    for key, value in env.items():
+        argv += ["-e", f"{key}={value}"]
+    job = deployed.deployment.podman_cmd(*argv, image, "iotlake", "ingest", "--available-now", timeout=900)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-4000:]
+    offline = replace(deployed.settings, storage=replace(deployed.settings.storage, base_uri=base_uri))
+    assert_tables_match(offline, deployed.secrets, deployed.expected())
+
+
 def _readings(d: Deployed) -> int:
     try:
         return len(read_table(d.settings, "readings", d.secrets))
@@ -96,7 +145,7 @@ def _readings(d: Deployed) -> int:
         return 0
 
 
-def _while_producing(d: Deployed, fault: Callable[[], None], count: int = 30_000, rate: int = 1_000) -> None:
+def _while_producing(d: Deployed, fault: Callable[[], object], count: int = 30_000, rate: int = 1_000) -> None:
     """Start the simulator, let ingest commit some of it, apply the fault, then the tables must be exact."""
     before = _readings(d)
     run = d.simulate(count, rate, FAULTS)
@@ -138,6 +187,62 @@ def test_minio_down_for_30_seconds_loses_and_duplicates_nothing(deployed: Deploy
 def test_a_kafka_restart_loses_and_duplicates_nothing(deployed: Deployed) -> None:
     _while_producing(deployed, lambda: deployed.deployment.compose("restart", "kafka"))
     wait_healthy(deployed)
+
+
+def _optimizing(d: Deployed) -> bool:
+    """Whether the sidecar runs an OPTIMIZE right now (its iot_maintenance_in_progress, read inside its container)."""
+    probe = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:9109/metrics', timeout=5).read().decode())"
+    result = d.deployment.podman_cmd("exec", d.deployment.container("maintain"), "python", "-c", probe)
+    if result.returncode != 0:
+        return False
+    shown = samples(result.stdout)
+    return any(v == 1 for k, v in shown.items() if k.startswith("iot_maintenance_in_progress{operation=optimize,"))
+
+
+def _optimize_commits_since(d: Deployed, since: float) -> int:
+    """OPTIMIZE commits of every table at or after `since` (Unix seconds), from the tables' logs."""
+    count = 0
+    for name in TABLES:
+        uri = delta_rs_uri(d.settings.storage.table_uri(name))
+        try:
+            history = DeltaTable(uri, storage_options=reader_options(d.settings, d.secrets)).history(limit=200)
+        except TableNotFoundError:
+            continue
+        count += sum(1 for c in history if c.get("operation") == "OPTIMIZE" and c["timestamp"] >= since * 1000)
+    return count
+
+
+def test_a_sidecar_killed_mid_optimize_loses_and_duplicates_nothing_and_compacts_again(deployed: Deployed) -> None:
+    """SIGKILL of the sidecar while its OPTIMIZE runs (compose.test.yml makes it compact every few batches): the
+    restart policy brings it back, the tables stay exact, and the next cycle compacts again."""
+    interrupted: list[float] = []
+
+    def kill_mid_optimize() -> None:
+        for _ in range(5):  # an OPTIMIZE that commits between the check and the kill doesn't count; try again
+            settle(lambda: _optimizing(deployed), bool, 300, "the sidecar to start an OPTIMIZE")
+            checked = time.time()
+            restarts = int(deployed.deployment.inspect("maintain", "{{.RestartCount}}"))
+            os.kill(int(deployed.deployment.inspect("maintain", "{{.State.Pid}}")), signal.SIGKILL)
+            settle(
+                lambda: int(deployed.deployment.inspect("maintain", "{{.RestartCount}}")),
+                partial(operator.lt, restarts),  # restarts < the count now
+                120,
+                "the restart policy to bring the sidecar back",
+            )
+            if _optimize_commits_since(deployed, checked) == 0:
+                interrupted.append(checked)
+                return
+        raise AssertionError("every OPTIMIZE committed before the kill reached it; none was interrupted")
+
+    _while_producing(deployed, kill_mid_optimize, count=150_000, rate=1_500)
+    wait_healthy(deployed)
+    settle(
+        lambda: _optimize_commits_since(deployed, interrupted[0]),
+        lambda n: n > 0,
+        300,
+        "the restarted sidecar to commit an OPTIMIZE",
+    )
+    wait_exact(deployed)  # after its OPTIMIZE too: compaction changed no row
 
 
 def test_down_and_up_from_the_same_volumes_resumes_from_the_checkpoint(deployed: Deployed) -> None:
@@ -218,3 +323,75 @@ def test_minio_refuses_anonymous_access_from_another_container(deployed: Deploye
     )  # fmt: skip
     codes = [line.rsplit(" ", 1)[-1] for line in result.stdout.splitlines() if line.startswith("http")]
     assert len(codes) == 3 and set(codes) == {"403"}, result.stdout + result.stderr
+
+
+@pytest.fixture
+def offline_network(deployed: Deployed) -> Iterator[str]:
+    """An internal podman network (no route beyond it) on which the project's Kafka and MinIO answer by name."""
+    name = f"{deployed.deployment.project}-offline-{uuid.uuid4().hex[:6]}"
+    created = deployed.deployment.podman_cmd("network", "create", "--internal", name)
+    assert created.returncode == 0, created.stderr
+    try:
+        for service in ("kafka", "minio"):
+            joined = deployed.deployment.podman_cmd(
+                "network", "connect", "--alias", service, name, deployed.deployment.container(service)
+            )
+            assert joined.returncode == 0, joined.stderr
+        yield name
+    finally:
+        for service in ("kafka", "minio"):
+            deployed.deployment.podman_cmd("network", "disconnect", name, deployed.deployment.container(service))
+        deployed.deployment.podman_cmd("network", "rm", "--force", name)
+
+
+# Services whose image writes outside its volumes (docker-compose.yml's x-read-only; apache/kafka renders its
+# configuration into /opt/kafka/config at start).
+WRITABLE_ROOT = {"kafka", "kafka-init"}
+
+
+def test_every_other_container_has_a_read_only_root(deployed: Deployed) -> None:
+    inspect = deployed.deployment.podman_cmd
+    flags = {
+        service: inspect("inspect", "--format", "{{.HostConfig.ReadonlyRootfs}}", cid).stdout.strip()
+        for service, cid in _project_containers(deployed).items()
+    }
+    assert {s: f for s, f in flags.items() if s not in WRITABLE_ROOT} == {
+        s: "true" for s in flags if s not in WRITABLE_ROOT
+    }
+    for service in ("ingest", "maintain", "minio", "prometheus"):
+        wrote = deployed.deployment.podman_cmd("exec", deployed.deployment.container(service), "touch", "/probe")
+        assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, (service, wrote.stderr)
+
+
+def _files_holding(root: Path, values: dict[str, str]) -> list[str]:
+    """Files under `root` (not following links) that contain any of the values; 'path: NAME' for each."""
+    wanted = {name: value.encode() for name, value in values.items()}
+    found = []
+    for folder, _, files in os.walk(root):
+        for file in files:
+            path = Path(folder, file)
+            if path.is_symlink() or not path.is_file():
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            found += [f"{path.relative_to(root)}: {name}" for name, value in wanted.items() if value in data]
+    return found
+
+
+def test_no_generated_secret_in_any_image_file(deployed: Deployed) -> None:
+    """Every file of every image the project runs, searched for each generated value (the history test above
+    covers the build's commands)."""
+    secrets = _generated_secrets(deployed)
+    leaks = []
+    for image in set(deployed.deployment.images.env().values()):
+        mounted = deployed.deployment.podman_cmd("image", "mount", image)
+        assert mounted.returncode == 0, mounted.stderr
+        try:
+            root = Path(mounted.stdout.strip())
+            assert (root / "etc").is_dir(), f"{image} mounted at {root} without its files"
+            leaks += [f"{image} {hit}" for hit in _files_holding(root, secrets)]
+        finally:
+            deployed.deployment.podman_cmd("image", "unmount", image)
+    assert leaks == []

@@ -42,6 +42,9 @@ def test_compose_runs_both_files_under_its_project_with_its_env_file(tmp_path: P
     assert files == [str(compose.COMPOSE_FILE), str(containers.LOCAL_COMPOSE_FILE)]
     assert argv[argv.index("-p") + 1] == "iotlake-x" and argv[argv.index("--env-file") + 1] == str(tmp_path / "d.env")
     assert argv[-2:] == ["--profile", "simulator"]
+    extra = tmp_path / "override.yml"
+    argv = containers.compose_argv(layout, "iotlake-x", tmp_path / "d.env", overrides=[extra])
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-f"][-1] == str(extra)  # last: it wins
 
 
 def test_compose_environment_has_the_local_images_and_none_of_the_generated_values(tmp_path: Path) -> None:

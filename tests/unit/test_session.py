@@ -122,7 +122,7 @@ def test_preinstalled_jars_put_the_resolved_jars_on_both_class_paths_except_what
     assert uses_preinstalled_jars(settings)
     assert not uses_preinstalled_jars(load_settings(env=env))  # off by default: the jars go with the app
     local = load_settings(env={**env, "IOTLAKE_SPARK__MASTER": "local[2]", "IOTLAKE_SPARK__PREINSTALLED_JARS": "true"})
-    assert not uses_preinstalled_jars(local)
+    assert uses_preinstalled_jars(local)  # the compose image in local mode: no Ivy at start, nothing to download
     with pytest.raises(ConfigError, match="make install"):
         preinstalled_classpath(settings, None)  # never resolved: no list to load
 
