@@ -6,7 +6,7 @@ DURATION ?= 120
 PYTEST_ARGS ?=
 CLUSTER ?=
 
-.PHONY: install up down status run test unit integration bench profile lint secrets deploy-test
+.PHONY: install up down status run test unit integration bench profile lint secrets deploy-test soak
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ profile: install             ## where one micro-batch's time goes (Spark's event
 
 deploy-test: install         ## the compose deployment for real on podman: build the images, up, faults, exact counts (installs podman if missing)
 	$(PY) -m pytest tests/deploy $(PYTEST_ARGS)
+
+soak: install                ## the compose deployment 15 min at 5k events/s: lag, memory, restarts, files; writes bench/results/<date>-soak.md
+	$(PY) -m bench.soak
 
 secrets: $(VENV)/.installed  ## .env for Docker Compose: random credentials, mode 0600; FORCE=1 replaces an existing one
 	$(PY) -m stack secrets --env .env $(if $(FORCE),--force)

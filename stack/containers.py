@@ -26,14 +26,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stack import compose
 from stack import install as inst
+from stack.addresses import free_port
 from stack.install import Echo, _say
-from stack.layout import StackLayout
+from stack.layout import StackLayout, default_cache
 from stack.proc import run_checked
 from streaming.core import versions
 from streaming.core.config import PROJECT_ROOT
@@ -492,6 +493,71 @@ class Deployment:
 
     def state(self, service: str) -> str:
         return self.inspect(service, "{{.State.Status}}")
+
+    def simulator(self, out: Path, log: Path, *args: str) -> subprocess.Popen[str]:
+        """A one-off run of the simulator profile's container: `sensor-sim ARGS`, with `out` mounted at /out (for
+        its --summary-json) and the service's network alias, so Prometheus scrapes it. Its output goes to `log`."""
+        argv = self.argv(
+            "run", "--rm", "--no-deps", "--use-aliases", "-T", "-v", f"{out}:/out", "simulator", "sensor-sim", *args,
+            profiles=("simulator",),
+        )  # fmt: skip
+        with log.open("w") as handle:
+            return subprocess.Popen(
+                argv, env=compose_env(self.podman, self.images), stdout=handle, stderr=subprocess.STDOUT, text=True
+            )
+
+
+# The ports a scratch deployment publishes on loopback (docker-compose.yml's defaults are the usual ones).
+PUBLISHED_PORTS = ("MINIO_API_PORT", "MINIO_CONSOLE_PORT", "KAFKA_HOST_PORT", "PROMETHEUS_PORT")
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A throwaway deployment: the project, its env file, the ports it publishes and its generated secrets."""
+
+    deployment: Deployment
+    env_file: Path
+    ports: dict[str, int]
+    secrets: dict[str, str] = field(repr=False)
+    out: Path  # a folder the simulator's containers (uid 10001) write into
+
+
+@contextlib.contextmanager
+def scratch_deployment(
+    home: Path, topic: str, overrides: Sequence[Path] = (), echo: Echo | None = print
+) -> Iterator[Scratch]:
+    """A compose project of its own under `home`: the images built, fresh secrets, free loopback ports, the core
+    services up (and healthchecks run) for the block; then its logs go to home/compose.log and it is torn down
+    with its volumes."""
+    layout = StackLayout(home=home, cache=default_cache())
+    podman = Podman.at(layout)
+    install_tools(echo)
+    write_conf(podman)
+    images = build_images(podman, layout, echo)
+    env_file = home / "deploy.env"
+    compose.write_env(env_file)
+    ports: dict[str, int] = {}
+    for name in PUBLISHED_PORTS:
+        ports[name] = free_port(set(ports.values()))
+    with env_file.open("a") as f:  # later lines win
+        f.write("".join(f"{k}={v}\n" for k, v in ports.items()))
+        f.write(f"KAFKA_TOPIC={topic}\n")
+    out = home / "out"
+    out.mkdir(exist_ok=True)
+    out.chmod(0o777)  # the simulator's containers run as uid 10001
+    secrets = compose.read_secret_files(compose.secrets_dir(env_file))
+    project = f"iotlake-{home.name}-{os.urandom(4).hex()}".lower()
+    deployment = Deployment(layout, podman, project, env_file, images, tuple(overrides))
+    with api_service(podman), health_ticker(podman, project):
+        try:
+            deployment.up(*CORE_SERVICES)
+            yield Scratch(deployment, env_file, ports, secrets, out)
+        finally:
+            logs = deployment.compose("logs", "--no-color", "--timestamps", check=False, profiles=("simulator",))
+            (home / "compose.log").write_text(logs.stdout + logs.stderr)
+            if echo is not None:
+                echo(f"compose logs: {home / 'compose.log'}")
+            deployment.down(volumes=True)
 
 
 def _deploy_build(args: argparse.Namespace) -> int:

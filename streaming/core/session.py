@@ -111,13 +111,12 @@ def build_session(
     """
     from delta import configure_spark_with_delta_pip
 
-    if SparkContext._active_spark_context is not None:
-        raise SessionError(
-            "A Spark session already runs in this process: getOrCreate would return it without these settings "
-            "(storage endpoint, jars, log store). Stop it with streaming.core.session.stop_session first."
-        )
     check_java()
     credentials = storage_credentials(settings)  # missing keys fail here, before the JVM starts
+    running = _running_session(settings)
+    if running is not None:  # built for the same storage, master and log store (the table-ops tests, in-process)
+        _set_hadoop(running, credentials)
+        return running
     jar = None
     if needs_jar(settings):
         # Built by `make install`; built here too when missing (an edited source, a cleared cache): ~5 s, once.
@@ -141,11 +140,34 @@ def build_session(
         builder = configure_spark_with_delta_pip(builder, extra_packages=list(EXTRA_PACKAGES))
     with _auth_properties(settings) as properties, _submit_args(submit, properties):
         spark = builder.getOrCreate()
-    hadoop_conf = spark._jsc.hadoopConfiguration()
-    for key, value in {**credentials, **hidden}.items():  # config's spark.conf overrides the storage keys
-        hadoop_conf.set(key, value)
+    _set_hadoop(spark, {**credentials, **hidden})  # config's spark.conf overrides the storage keys
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _set_hadoop(spark: SparkSession, options: Mapping[str, str]) -> None:
+    hadoop_conf = spark._jsc.hadoopConfiguration()
+    for key, value in options.items():
+        hadoop_conf.set(key, value)
+
+
+def _running_session(settings: Settings) -> SparkSession | None:
+    """The session already running in this process when it was built for these settings' storage, master and log
+    store; None when none runs. getOrCreate would return a running one whatever it was built for, so one built for
+    other settings is refused: CI's integration tests once got the unit tests' session, with no S3 endpoint."""
+    context = SparkContext._active_spark_context
+    if context is None:
+        return None
+    wanted = {**storage_conf(settings), **log_store_conf(settings), "spark.master": settings.spark.master}
+    wanted.pop("spark.jars", None)  # spark-submit rewrites the list; the log store's class is compared instead
+    running = context.getConf()
+    differ = sorted(key for key, value in wanted.items() if running.get(key) != value)
+    if differ:
+        raise SessionError(
+            f"A Spark session already runs in this process with other settings ({', '.join(differ)}): getOrCreate "
+            "would return it as it is. Stop it first (streaming.core.session.stop_session) or use it as it is."
+        )
+    return SparkSession.builder.getOrCreate()
 
 
 def stop_session(spark: SparkSession) -> None:

@@ -116,7 +116,7 @@ def test_the_job_starts_from_its_image_with_no_route_to_any_registry(deployed: D
     assert cut.stdout.count("unreachable") == 2, cut.stdout + cut.stderr
     prefix = f"offline-{uuid.uuid4().hex[:8]}"
     base_uri = f"s3a://{deployed.settings.storage.bucket}/{prefix}"
-    writer = compose.secrets_dir(deployed.env_file) / "writer.env"
+    writer = compose.secrets_dir(deployed.scratch.env_file) / "writer.env"
     env = {
         "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": "kafka:19092",
         "IOTLAKE_KAFKA__TOPIC": TOPIC,

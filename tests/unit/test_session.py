@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from streaming.core.config import load_settings
+from streaming.core.config import Settings, load_settings
 from streaming.core.errors import ConfigError, CredentialsError, SessionError
 from streaming.core.session import (
     SUBMIT_ARGS,
@@ -154,11 +154,20 @@ def test_artifact_names_match_across_ivy_and_pyspark_jar_names() -> None:
     assert {key: artifact(Path(key[0]), ivy=key[1]) for key in cases} == cases
 
 
-def test_a_second_session_is_refused_while_one_runs_in_the_process(spark: SparkSession, tmp_path: Path) -> None:
+def test_a_session_for_other_settings_is_refused_while_one_runs_in_the_process(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     """getOrCreate would hand back the running session without these settings: CI's integration session came back
     as the unit tests' one, with no S3 endpoint, and every s3a:// path went to amazonaws.com."""
     other = load_settings(env={**KEYS, "IOTLAKE_STORAGE__SECRETS_FILE": str(tmp_path / "absent.env")})
     with pytest.raises(SessionError, match="already runs in this process") as refused:
         build_session(other, app_name="a-second-session")
-    assert "stop_session" in str(refused.value)
+    assert "spark.hadoop.fs.s3a.endpoint" in str(refused.value) and "stop_session" in str(refused.value)
     assert spark.range(3).count() == 3  # the running session is untouched
+
+
+def test_the_running_session_is_reused_for_settings_it_was_built_for(
+    spark: SparkSession, local_settings: Settings
+) -> None:
+    """In-process commands (the table-ops tests) share the running session when nothing it was built with differs."""
+    assert build_session(local_settings, app_name="the-same-settings") is spark
