@@ -115,7 +115,7 @@ def build_session(
     credentials = storage_credentials(settings)  # missing keys fail here, before the JVM starts
     running = _running_session(settings)
     if running is not None:  # built for the same storage, master and log store (the table-ops tests, in-process)
-        _set_hadoop(running, credentials)
+        _set_hadoop(running, {**credentials, **split_credentials(session_conf(settings, extra_conf))[1]})
         return running
     jar = None
     if needs_jar(settings):
@@ -165,7 +165,8 @@ def _running_session(settings: Settings) -> SparkSession | None:
     if differ:
         raise SessionError(
             f"A Spark session already runs in this process with other settings ({', '.join(differ)}): getOrCreate "
-            "would return it as it is. Stop it first (streaming.core.session.stop_session) or use it as it is."
+            "would return it as it is. Stop it first (streaming.core.session.stop_session), or build this one in a "
+            "process of its own."
         )
     return SparkSession.builder.getOrCreate()
 

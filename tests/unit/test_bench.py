@@ -276,3 +276,28 @@ def test_the_floor_reads_batches_from_progress_and_rates_them_like_the_job() -> 
     # Steady = batches after the first over the time from the end of batch 0 to the end of the last: 350k in 15 s.
     assert floor_steady(batches) == pytest.approx(350_000 / 15)
     assert floor_steady(batches[:1]) is None
+
+
+def test_the_soak_report_spans_the_producing_samples_and_flags_inexact_tables(tmp_path: Any) -> None:
+    from bench import soak
+
+    def look(t: float, lag: float | None, rss: float) -> dict[str, Any]:
+        return {
+            "t_s": t, "lag_messages": lag, "input_rows_per_s": 100.0, "readings_files": 10,
+            "optimize_runs": 1.0, "files_compacted": 5.0, "rss_mib": dict.fromkeys(soak.SERVICES, rss),
+            "restarts": dict.fromkeys(soak.SERVICES, 0),
+        }  # fmt: skip
+
+    counts = {"readings_rows": 9, "readings_distinct_event_ids": 9, "quarantine_rows": 1}
+    result = {
+        "date": "2026-12-02", "commit": {"commit": "abc" * 14}, "load_average_at_start": ["0.10", "0.20", "0.30"],
+        "command": "python -m bench.soak", "sent": {"sent_total": 11}, "produced_s": 30.0, "drain_s": 5.0,
+        "counts": counts, "exact": False,
+        "samples": [look(0, None, 100), look(15, 40, 300), look(30, 20, 200), look(45, 9999, 250)],
+    }  # fmt: skip
+    soak.write(result, tmp_path)
+    md = (tmp_path / "2026-12-02-soak.md").read_text()
+    assert "| Kafka lag, messages | 20 / 40 / 20 |" in md  # the drain's sample is not 'while producing'
+    assert "| RSS ingest, MiB | 100 / 300 / 250 |" in md
+    assert "Tables exact: **False**" in md
+    assert json.loads((tmp_path / "2026-12-02-soak.json").read_text())["exact"] is False
