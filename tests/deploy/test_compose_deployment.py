@@ -220,7 +220,7 @@ def test_a_sidecar_killed_mid_optimize_loses_and_duplicates_nothing_and_compacts
 
     def kill_mid_optimize() -> None:
         for _ in range(5):  # an OPTIMIZE that commits between the check and the kill doesn't count; try again
-            settle(lambda: _optimizing(deployed), bool, 300, "the sidecar to start an OPTIMIZE")
+            settle(lambda: _optimizing(deployed), bool, 600, "the sidecar to start an OPTIMIZE")
             checked = time.time()
             restarts = int(deployed.deployment.inspect("maintain", "{{.RestartCount}}"))
             os.kill(int(deployed.deployment.inspect("maintain", "{{.State.Pid}}")), signal.SIGKILL)
@@ -235,7 +235,7 @@ def test_a_sidecar_killed_mid_optimize_loses_and_duplicates_nothing_and_compacts
                 return
         raise AssertionError("every OPTIMIZE committed before the kill reached it; none was interrupted")
 
-    _while_producing(deployed, kill_mid_optimize, count=150_000, rate=1_500)
+    _while_producing(deployed, kill_mid_optimize, count=240_000, rate=2_000)
     wait_healthy(deployed)
     settle(
         lambda: _optimize_commits_since(deployed, interrupted[0]),
