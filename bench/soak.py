@@ -49,13 +49,7 @@ class Lake:
     """The deployment's tables as the host reads them with delta-rs and the reader key."""
 
     def __init__(self, scratch: containers.Scratch) -> None:
-        self.settings = load_settings(
-            env={
-                "IOTLAKE_STORAGE__ENDPOINT": f"http://127.0.0.1:{scratch.ports['MINIO_API_PORT']}",
-                "IOTLAKE_STORAGE__ACCESS_KEY": scratch.secrets["IOTLAKE_READER_ACCESS_KEY"],
-                "IOTLAKE_STORAGE__SECRET_KEY": scratch.secrets["IOTLAKE_READER_SECRET_KEY"],
-            }
-        )
+        self.settings = load_settings(env=scratch.host_env())
 
     def table(self, name: str) -> DeltaTable | None:
         try:

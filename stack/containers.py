@@ -32,6 +32,7 @@ from typing import Any
 
 from stack import compose
 from stack import install as inst
+from stack import secrets as sec
 from stack.addresses import free_port
 from stack.install import Echo, _say
 from stack.layout import StackLayout, default_cache
@@ -517,9 +518,20 @@ class Scratch:
 
     deployment: Deployment
     env_file: Path
+    topic: str
     ports: dict[str, int]
     secrets: dict[str, str] = field(repr=False)
     out: Path  # a folder the simulator's containers (uid 10001) write into
+
+    def host_env(self) -> dict[str, str]:
+        """IOTLAKE_* overrides for this machine's view of it: the published Kafka and MinIO, the read-only key."""
+        return {
+            "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{self.ports['KAFKA_HOST_PORT']}",
+            "IOTLAKE_KAFKA__TOPIC": self.topic,
+            "IOTLAKE_STORAGE__ENDPOINT": f"http://127.0.0.1:{self.ports['MINIO_API_PORT']}",
+            "IOTLAKE_STORAGE__ACCESS_KEY": self.secrets[sec.READER_ACCESS_KEY],
+            "IOTLAKE_STORAGE__SECRET_KEY": self.secrets[sec.READER_SECRET_KEY],
+        }
 
 
 @contextlib.contextmanager
@@ -551,7 +563,7 @@ def scratch_deployment(
     with api_service(podman), health_ticker(podman, project):
         try:
             deployment.up(*CORE_SERVICES)
-            yield Scratch(deployment, env_file, ports, secrets, out)
+            yield Scratch(deployment, env_file, topic, ports, secrets, out)
         finally:
             logs = deployment.compose("logs", "--no-color", "--timestamps", check=False, profiles=("simulator",))
             (home / "compose.log").write_text(logs.stdout + logs.stderr)

@@ -90,21 +90,7 @@ def merge_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return {**merged, "malformed_by_kind": by_kind, "latest_by_device": latest}
 
 
-def host_settings(scratch: containers.Scratch) -> Settings:
-    """Settings for this machine's view of a scratch deployment: its published ports and the reader key."""
-    return load_settings(
-        env={
-            **os.environ,
-            "IOTLAKE_STORAGE__ENDPOINT": f"http://127.0.0.1:{scratch.ports['MINIO_API_PORT']}",
-            "IOTLAKE_STORAGE__ACCESS_KEY": scratch.secrets["IOTLAKE_READER_ACCESS_KEY"],
-            "IOTLAKE_STORAGE__SECRET_KEY": scratch.secrets["IOTLAKE_READER_SECRET_KEY"],
-            "IOTLAKE_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{scratch.ports['KAFKA_HOST_PORT']}",
-            "IOTLAKE_KAFKA__TOPIC": TOPIC,
-        }
-    )
-
-
 @pytest.fixture(scope="session")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     with containers.scratch_deployment(tmp_path_factory.mktemp("deploy"), TOPIC, OVERRIDES) as scratch:
-        yield Deployed(scratch, host_settings(scratch))
+        yield Deployed(scratch, load_settings(env={**os.environ, **scratch.host_env()}))
