@@ -100,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=15.0, help="how long the simulator sends (default 15)")
     p.add_argument("--every", type=float, default=15.0, help="seconds between samples (default 15)")
     p.add_argument("--drain-minutes", type=float, default=30.0, help="how long to wait for the job to catch up")
+    p.add_argument(
+        "--override", type=Path, action="append", default=[], help="a compose override file (e.g. the deploy test's "
+        "tests/deploy/compose.test.yml: a sidecar that compacts every few batches); repeatable",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     load = report.machine()["loadavg_at_start"]
@@ -107,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="iotlake-soak-") as work:
         home = Path(work)
-        with containers.scratch_deployment(home, TOPIC) as scratch:
+        with containers.scratch_deployment(home, TOPIC, [o.resolve() for o in args.override]) as scratch:
             lake = Lake(scratch)
             started = time.monotonic()
             sim = scratch.deployment.simulator(
@@ -146,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commit": report.git_commit(),
         "load_average_at_start": load,
         "command": shlex.join(["python", "-m", "bench.soak", *(sys.argv[1:] if argv is None else argv)]),
+        "suffix": "".join("-" + o.name.removesuffix(".yml").replace(".", "-") for o in args.override),
+        "overrides": [str(o) for o in args.override],
         "rate": args.rate,
         "minutes": args.minutes,
         "sent": {k: sent[k] for k in ("sent_total", "valid_distinct", "malformed_total", "msgs_per_s") if k in sent},
@@ -167,8 +173,8 @@ def _span(values: list[float | None]) -> str:
 
 def write(result: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{result['date']}-soak"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = f"{result['date']}-soak{result.get('suffix', '')}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     samples = result["samples"]
     produced = [s for s in samples if s["t_s"] <= result["produced_s"]]
     counts = result["counts"]
@@ -176,7 +182,8 @@ def write(result: dict[str, Any], out: Path) -> None:
         f"# Compose soak, {result['date']}",
         "",
         f"Commit `{result['commit']['commit'][:12]}`; load average at start "
-        f"{' '.join(result['load_average_at_start'])}; command `{result['command']}`.",
+        f"{' '.join(result['load_average_at_start'])}; command `{result['command']}`"
+        + (f" (compose overrides: {', '.join(result['overrides'])})." if result.get("overrides") else "."),
         "",
         f"- Sent: {result['sent']} in {result['produced_s']} s; the job needed {result['drain_s']} s more to read "
         "the rest of the topic.",
@@ -191,7 +198,7 @@ def write(result: dict[str, Any], out: Path) -> None:
         *[f"| RSS {service}, MiB | {_span([s['rss_mib'][service] for s in samples])} |" for service in SERVICES],
         f"| restarts (last sample) | {samples[-1]['restarts'] if samples else 'no sample'} |",
     ]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
