@@ -78,10 +78,9 @@ def sample(scratch: containers.Scratch, lake: Lake, started: float) -> dict[str,
     parents = {pid: look.ppid for pid, look in looks.items()}
     rss, restarts = {}, {}
     for service in SERVICES:
-        pid = int(d.inspect(service, "{{.State.Pid}}") or 0)
+        pid, restarts[service] = (int(v) for v in d.inspect(service, "{{.State.Pid}} {{.RestartCount}}").split())
         tree = procs.descendants([pid], parents) if pid else set()
         rss[service] = round(sum(looks[p].rss for p in tree) / MIB, 1)
-        restarts[service] = int(d.inspect(service, "{{.RestartCount}}") or 0)
     return {
         "t_s": round(time.monotonic() - started, 1),
         "lag_messages": _query(port, "sum(iot_ingest_kafka_lag_messages)"),
