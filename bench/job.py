@@ -16,15 +16,11 @@ from bench.procs import ProcSampler
 from bench.stats import parse_metrics, phases
 from stack import proc
 from stack.proc import tail
+from streaming.cli.run import DEMO_FAULTS
 from streaming.core.prometheus import fetch
 
-# The fault mix `make run` uses (streaming/cli/run.py DEMO_FAULTS): small, and every kind is present.
-FAULTS: tuple[str, ...] = (
-    "--duplicate-rate", "0.02",
-    "--out-of-order-rate", "0.02",
-    "--late-rate", "0.01",
-    "--malformed-rate", "0.01",
-)  # fmt: skip
+# The fault mix `make run` uses: small, and every kind is present.
+FAULTS: tuple[str, ...] = DEMO_FAULTS
 
 
 class BenchError(RuntimeError):
