@@ -39,6 +39,9 @@ BASE_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.databricks.delta.snapshotPartitions": "2",
+    # HotSpot never JIT-compiles a method over 8,000 bytes of bytecode; the validation's checks make one of ~11.5 kB.
+    # Spark's own advice on HotSpot: above this, leave the stage to per-operator code, whose methods are split small.
+    "spark.sql.codegen.hugeMethodLimit": "8000",
     "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
     "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
     # Fail fast on a dead endpoint instead of retrying for minutes.

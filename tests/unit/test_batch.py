@@ -332,6 +332,27 @@ def test_the_checks_run_in_generated_code(spark: SparkSession, rules: Rules) -> 
     assert [list(r.reasons) for r in validated.orderBy("offset").collect()] == [[], ["unexpected_field:wind_ms"]]
 
 
+HOTSPOT_HUGE_METHOD_BYTES = 8000  # HotSpot's -XX:-DontCompileHugeMethods limit: a larger method is never JIT-compiled
+
+
+def test_no_whole_stage_method_of_the_validation_is_too_large_for_the_jit(spark: SparkSession, rules: Rules) -> None:
+    """The ~40 checks make one generated method of about 11.5 kB. HotSpot never JIT-compiles a method over 8,000
+    bytes, so the validation of every row ran in the bytecode interpreter. Spark must leave such a stage to
+    per-operator code generation (whose methods are split small): whole-stage code runs only below the JIT's limit."""
+    validated = batch.validate(kafka_rows(spark, [encode(event()), b"{"]), rules, INFO)
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # the final plan, with its whole-stage subtrees, up front
+    try:
+        stages = validated._jdf.queryExecution().debug().codegenToSeq()
+        sizes = [stages.apply(i)._3().maxMethodCodeSize() for i in range(stages.size())]
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+    limit = int(spark.conf.get("spark.sql.codegen.hugeMethodLimit"))
+    assert sizes, "no whole-stage code generated for the validation"
+    run_whole_stage = [size for size in sizes if size <= limit]
+    assert all(size <= HOTSPOT_HUGE_METHOD_BYTES for size in run_whole_stage), (sizes, limit)
+
+
 def test_compact_drops_nulls_and_keeps_order(spark: SparkSession) -> None:
     row = (
         spark.range(1)
