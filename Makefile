@@ -6,15 +6,18 @@ DURATION ?= 120
 PYTEST_ARGS ?=
 CLUSTER ?=
 
-.PHONY: install up down status run test unit integration bench profile lint secrets deploy-test soak
+.PHONY: install test-tools up down status run test unit integration bench profile lint secrets deploy-test soak
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q -e '.[dev]'
 	touch $@
 
-install: $(VENV)/.installed  ## Python deps, Kafka jars, MinIO, Prometheus, Compose + Dockerfile linter, Spark/Delta jars, log store (cached outside the clone)
+install: $(VENV)/.installed  ## what running needs: Python deps, Kafka jars, MinIO, Prometheus, Spark/Delta jars, log store (cached outside the clone)
 	$(PY) -m stack install
+
+test-tools: $(VENV)/.installed  ## install, plus what only the tests need: Docker Compose (checks the compose file), the Dockerfile linter
+	$(PY) -m stack install --test-tools
 
 up: install                  ## start Kafka, MinIO and Prometheus on loopback, create bucket, keys and topic (CLUSTER=1: + Spark master/worker)
 	$(PY) -m stack up$(if $(filter 1 yes true,$(CLUSTER)), --cluster)
@@ -29,13 +32,13 @@ status: install              ## services, tables and stream
 run: install                 ## the whole pipeline, live, then a summary (DURATION=seconds, Ctrl-C to stop early)
 	$(PY) -m streaming.cli run --duration $(DURATION)
 
-test: install                ## unit + integration tests against real services started by the test setup
+test: test-tools             ## unit + integration tests against real services started by the test setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-unit: install
+unit: test-tools
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
-integration: install
+integration: test-tools
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 bench: install               ## benchmark against the real stack; writes bench/results/<date>.json and .md
@@ -44,10 +47,10 @@ bench: install               ## benchmark against the real stack; writes bench/r
 profile: install             ## where one micro-batch's time goes (Spark's event log); writes bench/results/<date>-profile.md
 	$(PY) -m bench.profile
 
-deploy-test: install         ## the compose deployment for real on podman: build the images, up, faults, exact counts (installs podman if missing)
+deploy-test: test-tools      ## the compose deployment for real on podman: build the images, up, faults, exact counts (installs podman if missing)
 	$(PY) -m pytest tests/deploy $(PYTEST_ARGS)
 
-soak: install                ## the compose deployment 15 min at 5k events/s: lag, memory, restarts, files; writes bench/results/<date>-soak.md
+soak: test-tools             ## the compose deployment 15 min at 5k events/s: lag, memory, restarts, files; writes bench/results/<date>-soak.md
 	$(PY) -m bench.soak
 
 secrets: $(VENV)/.installed  ## .env for Docker Compose: random credentials, mode 0600; FORCE=1 replaces an existing one

@@ -32,9 +32,9 @@ def _install(args: argparse.Namespace) -> int:
     if logstore.needs_jar(load_settings_from(args)):
         logstore.find_javac()  # fail before the long downloads, not after them
     install(layout())
-
-    compose.install_compose(layout())
-    compose.install_dockerfile_linter(layout())
+    if args.test_tools:  # only the tests check the compose file and lint the Dockerfile
+        compose.install_compose(layout())
+        compose.install_dockerfile_linter(layout())
     # Spark's jars come through Ivy; resolving them here (its own JVM) keeps the first job start short.
     env = dict(os.environ)
     if getattr(args, "config", None):
@@ -87,9 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
         "standalone cluster.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser(
-        "install", parents=[common], help="Kafka jars, the MinIO binary and Prometheus, cached outside the clone"
-    ).set_defaults(func=_install)
+    inst = sub.add_parser(
+        "install",
+        parents=[common],
+        help="what running needs: Kafka jars, MinIO, Prometheus, the Spark jars and the log store, cached outside "
+        "the clone",
+    )
+    inst.add_argument(
+        "--test-tools",
+        action="store_true",
+        help="also what only the tests need: Docker Compose (checks the compose file) and the Dockerfile linter",
+    )
+    inst.set_defaults(func=_install)
     up = sub.add_parser(
         "up", parents=[common], help="install, start Kafka, MinIO and Prometheus, create the bucket, keys and topic"
     )

@@ -176,7 +176,7 @@ def install_compose(layout: StackLayout | None = None, echo: Echo | None = print
     go = find_go()
     fix = (
         "Check that the Go module proxy (https://proxy.golang.org or $GOPROXY) is reachable and that there "
-        "is ~2 GB free disk, then run `python -m stack install` again."
+        "is ~2 GB free disk, then run `python -m stack install --test-tools` again."
     )
     env = {**os.environ, "GOFLAGS": "-mod=mod"}
     module = f"{versions.COMPOSE_MODULE}@{versions.COMPOSE_VERSION}"
@@ -223,7 +223,7 @@ def install_dockerfile_linter(layout: StackLayout | None = None, echo: Echo | No
     if npm is None:
         raise StackError(
             "npm is missing; it installs the Dockerfile linter once. Install Node.js with npm (Debian/Ubuntu: "
-            "`apt-get install npm`), then run `python -m stack install` again."
+            "`apt-get install npm`), then run `python -m stack install --test-tools` again."
         )
     prefix = binary.parents[2]
     prefix.mkdir(parents=True, exist_ok=True)
@@ -240,12 +240,14 @@ def install_dockerfile_linter(layout: StackLayout | None = None, echo: Echo | No
         ],
         what=f"Installing {what} with npm",
         fix="Check that the npm registry is reachable (or your ~/.npmrc mirror), then run "
-        "`python -m stack install` again.",
+        "`python -m stack install --test-tools` again.",
         timeout=600,
         log=layout.logs / "install-dockerfile-lint.log",
     )
     if not binary.exists():
-        raise StackError(f"npm finished but {binary} is missing; delete {prefix} and run `python -m stack install`.")
+        raise StackError(
+            f"npm finished but {binary} is missing; delete {prefix} and run `python -m stack install --test-tools`."
+        )
     _say(echo, what, "installed", started)
     return binary
 

@@ -544,6 +544,7 @@ def scratch_deployment(
     layout = StackLayout(home=home, cache=default_cache())
     podman = Podman.at(layout)
     install_tools(echo)
+    compose.install_compose(layout, echo)
     write_conf(podman)
     images = build_images(podman, layout, echo)
     env_file = home / "deploy.env"
@@ -584,6 +585,7 @@ def _deploy_build(args: argparse.Namespace) -> int:
 def _deploy_compose(args: argparse.Namespace) -> int:
     layout = StackLayout.default()
     podman = Podman.at(layout)
+    compose.install_compose(layout)
     write_conf(podman)
     deployment = Deployment(layout, podman, args.project, Path(args.env_file), local_images())
     # The healthchecks run while compose does: a `depends_on: service_healthy` needs them where there is no systemd.

@@ -1,8 +1,8 @@
 """docker-compose.yml, Dockerfile and .env.example checked where no Docker engine runs.
 
 The file is loaded by a real Compose implementation (the pinned `docker-compose` CLI built by
-`python -m stack install`): `config` interpolates it and validates it against the Compose specification's
-schema, exactly as `docker compose up` would. Then every service is checked against the project itself:
+`python -m stack install --test-tools`): `config` interpolates it and validates it against the Compose
+specification's schema, exactly as `docker compose up` would. Then every service is checked against the project itself:
 commands against the CLIs' own argparse parsers (and Spark's own usage text), environment overrides
 through the real config loader, metric ports against Prometheus' targets, mounts against the tree.
 
@@ -64,7 +64,7 @@ REQUIRED_REF = re.compile(r"^\$\{([A-Z_][A-Z0-9_]*):\?[^}]+\}$")
 
 @pytest.fixture(scope="session")
 def compose_bin() -> Path:
-    """The pinned Compose CLI (`make install` builds it; built here too if missing, ~3 min once)."""
+    """The pinned Compose CLI (`make test-tools` builds it; built here too if missing, ~3 min once)."""
     return compose.install_compose(StackLayout.default(), echo=None)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -519,3 +520,32 @@ def test_maven_output_is_moved_into_place_whole(monkeypatch: pytest.MonkeyPatch,
     assert sorted(p.name for p in libs.iterdir()) == ["kafka_2.13-4.2.0.jar", "log4j-core-2.25.3.jar"]
     assert [p.name for p in (tmp_path / "cache" / "kafka").iterdir()] == ["4.2.0"]
     assert lines and "installed" in lines[0]
+
+
+# --- what each install installs ------------------------------------------------------------------------
+
+
+def test_the_install_make_run_uses_builds_none_of_the_test_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make run` installs what running needs; Docker Compose (a Go build of minutes) and the Dockerfile linter
+    only check the deployment, so only `make test` (`stack install --test-tools`) builds them."""
+    calls: list[str] = []
+    monkeypatch.setattr(cli, "install", lambda layout: calls.append("stack"))
+    monkeypatch.setattr(cli.compose, "install_compose", lambda layout: calls.append("compose"))
+    monkeypatch.setattr(cli.compose, "install_dockerfile_linter", lambda layout: calls.append("linter"))
+    monkeypatch.setattr(cli.logstore, "needs_jar", lambda settings: False)
+    monkeypatch.setattr(
+        cli.subprocess, "run", lambda argv, **kw: calls.append(argv[-1]) or subprocess.CompletedProcess(argv, 0)
+    )
+    assert cli.main(["install"]) == 0
+    assert calls == ["stack", "streaming.core.session"]
+    calls.clear()
+    assert cli.main(["install", "--test-tools"]) == 0
+    assert calls == ["stack", "compose", "linter", "streaming.core.session"]
+
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    recipes = dict(re.findall(r"^([a-z-]+):[^\n]*\n\t([^\n]*)", makefile, flags=re.M))
+    prerequisites = dict(re.findall(r"^([a-z-]+):\s*([^#\n]*)", makefile, flags=re.M))
+    assert prerequisites["run"].split() == ["install"]
+    assert recipes["install"].endswith("-m stack install")
+    assert recipes["test-tools"].endswith("-m stack install --test-tools")
+    assert all(prerequisites[t].split() == ["test-tools"] for t in ("test", "unit", "integration", "deploy-test"))
