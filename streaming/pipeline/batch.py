@@ -10,6 +10,7 @@ from datetime import UTC, date, datetime, timedelta
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.window import Window
 
 from streaming.pipeline.rules import Rules, action_of, check_codes, reason_codes
 from streaming.pipeline.schema import (
@@ -31,6 +32,7 @@ DEVICE_ORDER = ("event_time", "seq", "event_id")
 DAY_MS = 86_400_000
 TIME_BUCKET_MS = 10 * 60 * 1000  # divides a day: a bucket never spans two event dates
 MAX_TIME_RANGES = 16
+ROW_NUMBER = "#row"  # a helper column no message field can name (EVOLVABLE_NAME has no '#')
 EVOLVABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _VARIANT_TYPES: dict[str, T.DataType] = {
     "BOOLEAN": T.BooleanType(),
@@ -128,12 +130,18 @@ def readings(validated: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
 
 
 def dedup_first(rows: DataFrame, key: tuple[str, ...], order: tuple[str, ...]) -> DataFrame:
-    """One row per key: the smallest by `order`, so a replayed batch picks the same row."""
-    columns = rows.columns
-    picked = rows.groupBy(*key).agg(
-        F.min_by(F.struct(*columns), F.struct(*order)).alias("row"),
-    )
-    return picked.select("row.*")
+    """One row per key: the smallest by `order` (unique per row), so a replayed batch picks the same row."""
+    return _first_per_key(rows, key, [F.col(c).asc() for c in order])
+
+
+def _first_per_key(rows: DataFrame, key: tuple[str, ...], order: list[Column]) -> DataFrame:
+    """The first row of each key by `order`: a window's row number.
+
+    Not `min_by`/`max_by(struct(every column))`: that aggregate's buffer is a struct, which Spark can only
+    sort-aggregate with every column in the sort (1.15-1.3x the time on 250k messages).
+    """
+    first = Window.partitionBy(*key).orderBy(*order)
+    return rows.withColumn(ROW_NUMBER, F.row_number().over(first)).where(F.col(ROW_NUMBER) == 1).drop(ROW_NUMBER)
 
 
 def latest_per_device(readings_df: DataFrame) -> DataFrame:
@@ -141,10 +149,7 @@ def latest_per_device(readings_df: DataFrame) -> DataFrame:
     names = [c.name for c in DEVICE_STATE_COLUMNS if c.name != "ingest_time"]
     extra = [c for c in readings_df.columns if c not in {col.name for col in READINGS_COLUMNS}]
     cols = [*names, *extra, "ingest_time"]
-    newest = readings_df.groupBy("device_id").agg(
-        F.max_by(F.struct(*cols), F.struct(*DEVICE_ORDER)).alias("row"),
-    )
-    return newest.select("row.*")
+    return _first_per_key(readings_df.select(*cols), ("device_id",), [F.col(c).desc() for c in DEVICE_ORDER])
 
 
 def quarantine(validated: DataFrame, info: BatchInfo) -> DataFrame:
@@ -190,12 +195,20 @@ def batch_stats(validated: DataFrame) -> DataFrame:
     """
     kept = F.col("action").isin(*KEEP)
     event_ms = F.col("typed.event_time")
-    rules = F.array_sort(F.array_distinct(F.transform("reasons", lambda r: F.split(r, ":", 2)[0])))
-    return validated.groupBy(
-        "action", rules.alias("rules"), F.when(kept, F.floor(event_ms / TIME_BUCKET_MS)).alias("bucket")
-    ).agg(
+    # The lambda runs in a projection of its own (and only on rows with reasons): in the aggregate's grouping
+    # it would keep the aggregate out of generated code.
+    names = F.sort_array(F.array_distinct(F.transform("reasons", lambda r: F.split(r, ":", 2)[0])))
+    rules = F.when(F.size("reasons") > 0, names).otherwise(F.array().cast("array<string>"))
+    grouped = validated.select(
+        "action",
+        "reasons",
+        rules.alias("rules"),
+        F.when(kept, F.floor(event_ms / TIME_BUCKET_MS)).alias("bucket"),
+        F.when(kept, event_ms).alias("kept_ms"),
+    )
+    return grouped.groupBy("action", "rules", "bucket").agg(
         F.count(F.lit(1)).alias("rows"),
-        F.max(F.when(kept, event_ms)).alias("newest"),
+        F.max("kept_ms").alias("newest"),
         F.min("reasons").alias("example"),
     )
 
