@@ -42,6 +42,9 @@ BASE_CONF: dict[str, str] = {
     # HotSpot never JIT-compiles a method over 8,000 bytes of bytecode; the validation's checks make one of ~11.5 kB.
     # Spark's own advice on HotSpot: above this, leave the stage to per-operator code, whose methods are split small.
     "spark.sql.codegen.hugeMethodLimit": "8000",
+    # A batch compiles about 130 distinct classes (validation, MERGEs, Delta's snapshot queries). Spark's default cache
+    # of 100 evicted each batch's classes before the next batch asked for them, so every batch compiled them again.
+    "spark.sql.codegen.cache.maxEntries": "1000",
     "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
     "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
     # Fail fast on a dead endpoint instead of retrying for minutes.

@@ -212,3 +212,26 @@ def test_a_batch_outside_a_streaming_query_is_refused_not_given_a_constant_id(
     with pytest.raises(CheckpointError, match="query id is missing"):
         writer(kafka_rows(spark, [encode(event())]), 0)
     assert spark.read.format("delta").load(tables.readings_uri).count() == 0
+
+
+def test_a_batch_of_the_same_shape_as_the_last_reuses_its_generated_code(
+    spark: SparkSession, tables: LakeTables
+) -> None:
+    """Spark's cache of compiled classes holds a whole batch's: the next batch of the same shape compiles little.
+
+    One batch (validation, stats, readings MERGE, device_state MERGE and Delta's snapshot queries) compiles about 130
+    distinct classes. Spark's default cache of 100 evicted each batch's classes before the next batch asked for them,
+    so every batch compiled them all again: 120-150 Janino compilations, 1.4-3.2 s of a 10-message batch.
+    """
+    compilations = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def events(b: int) -> list[dict]:
+        return [event(event_id=f"e-{b}-{i}", device_id=f"d-{i % 3}", seq=b * 10 + i) for i in range(10)]
+
+    for b in range(3):
+        write(tables, spark, b, events(b))
+    before = compilations.getCount()
+    write(tables, spark, 3, events(3))
+    compiled = compilations.getCount() - before
+    # 2 here; 143 with Spark's default cache. What may still compile: code that holds this batch's own literals.
+    assert compiled <= 20, f"{compiled} classes compiled for a batch like the last"
