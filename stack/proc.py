@@ -202,14 +202,18 @@ def spawn(
 
 
 def stop_child(child: subprocess.Popen[bytes], timeout: float = 60.0) -> int | None:
-    """SIGTERM a child `spawn` started, wait up to `timeout`, then SIGKILL its group; a straggler of its group
-    (an orphaned JVM) is killed either way. Safe to call twice. Returns its exit code."""
+    """SIGTERM a child `spawn` started, alone, wait up to `timeout`, then SIGKILL its group; a straggler of its
+    group (an orphaned JVM) is killed either way. Safe to call twice. Returns its exit code.
+
+    Not the group first: `iotlake ingest` and the sidecar stop their query through their JVM, which must still
+    answer while they handle the signal.
+    """
     if child.poll() is None:
-        _signal_group(child.pid, signal.SIGTERM)
+        child.send_signal(signal.SIGTERM)
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
-            _signal_group(child.pid, signal.SIGKILL)
+            kill_group(child.pid)
             child.wait(30)
     kill_group(child.pid)
     return child.returncode

@@ -176,15 +176,7 @@ class SupervisedChild:
         process, self.process = self.process, None
         if process is None:
             return self.last_code
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill_group(process.pid)
-                process.wait(10)
-        proc.kill_group(process.pid)
-        self.last_code = process.returncode
+        self.last_code = proc.stop_child(process, timeout)
         return self.last_code
 
     def tail(self, lines: int = 15) -> str:

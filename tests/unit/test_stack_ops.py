@@ -374,6 +374,36 @@ def test_spawn_logs_after_a_banner_and_stop_child_reaches_the_whole_group(tmp_pa
     assert proc.stop_child(child) == -signal.SIGTERM  # twice is harmless
 
 
+def test_stop_child_lets_the_child_stop_its_own_jvm_first(tmp_path: Path) -> None:
+    """SIGTERM goes to the child alone: `iotlake ingest` stops its streaming query through its JVM, so the JVM (a
+    grandchild in the same group) must still be alive while the child handles the signal. It is killed after."""
+    log = tmp_path / "child.log"
+    script = """
+import signal, subprocess, sys, time
+jvm = subprocess.Popen(['sleep', '300'])
+def stop(*_):
+    deadline = time.monotonic() + 2  # what query.stop() takes: the JVM has to answer meanwhile
+    while time.monotonic() < deadline:
+        if jvm.poll() is not None:
+            print('the jvm died under the handler', flush=True)
+            sys.exit(3)
+        time.sleep(0.05)
+    jvm.terminate()
+    jvm.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print('ready', jvm.pid, flush=True)
+time.sleep(300)
+"""
+    child = proc.spawn("child", [sys.executable, "-c", script], log, env=dict(os.environ))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "ready" not in log.read_text():
+        time.sleep(0.05)
+    jvm = int(log.read_text().split()[-1])
+    assert proc.stop_child(child, timeout=30) == 0, log.read_text()
+    assert not proc.pid_alive(jvm)
+
+
 def test_spawn_names_a_command_that_cannot_start(tmp_path: Path) -> None:
     with pytest.raises(StackError, match=r"Can't start thing \(/no/such/binary\).*make install"):
         proc.spawn("thing", ["/no/such/binary"], tmp_path / "thing.log")
