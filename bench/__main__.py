@@ -19,12 +19,15 @@ from bench import report
 from bench.compaction import CompactionParams, run_compaction
 from bench.compaction import quick as quick_compaction
 from bench.ingest import SustainedParams, run_sustained
-from bench.latency import LatencyParams, run_latency
+from bench.latency import LatencyParams, TinyParams, run_latency, run_tiny
 from bench.merge import MergeParams, run_merge
 from bench.simulator import SimulatorParams, run_simulator
 from bench.stack import BenchStack, bench_stack
+from bench.stats import median
 
-SECTIONS = ("simulator", "sustained", "latency", "merge", "compaction")
+SECTIONS = ("simulator", "sustained", "latency", "latency_20k", "tiny", "merge", "compaction")
+# Run --repeats times, the median reported with the spread; the others repeat inside (simulator, merge, compaction).
+REPEATED = ("sustained", "latency", "latency_20k", "tiny")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -37,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke check (a few minutes)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and checkpoints (path is printed)")
+    p.add_argument("--repeats", type=int, help=f"runs of each of {REPEATED}, median reported (default 3; 1 --quick)")
     p.add_argument("--no-faults", action="store_true", help="no duplicates/late/malformed messages from sensor-sim")
     p.add_argument("--sim-confluent-count", type=int, help="messages per confluent run (default 500000)")
     p.add_argument("--sim-kafka-python-count", type=int, help="messages per kafka-python run (default 100000)")
@@ -44,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sustained-events", type=int, help="messages preloaded for the sustained run (default 2000000)")
     p.add_argument("--max-offsets-per-trigger", type=int, help="sustained run's batch cap (default 250000)")
     p.add_argument("--latency-rate", type=int, help="events/s for the latency run (default 5000)")
-    p.add_argument("--latency-duration", type=float, help="seconds of traffic for the latency run (default 90)")
+    p.add_argument("--latency-duration", type=float, help="seconds of traffic for the latency runs (default 180)")
+    p.add_argument("--latency-high-rate", type=int, help="events/s for the latency_20k run (default 20000)")
     p.add_argument("--latency-warmup", type=float, help="seconds of first rows left out (default 10)")
     p.add_argument("--trigger-interval", help="latency run's trigger interval (default: ingest.trigger_interval)")
     p.add_argument("--merge-sizes", help="table sizes, comma list (default 1000000,10000000)")
@@ -55,12 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def params_from(args: argparse.Namespace) -> dict[str, Any]:
     """Every section's parameters: defaults, --quick, then explicit flags."""
-    sim, sus, lat, mer = SimulatorParams(), SustainedParams(), LatencyParams(), MergeParams()
+    sim, sus, lat, mer, tiny = SimulatorParams(), SustainedParams(), LatencyParams(), MergeParams(), TinyParams()
     com = quick_compaction(CompactionParams()) if args.quick else CompactionParams()
     if args.quick:
         sim = replace(sim, counts={"confluent": 50_000, "kafka-python": 10_000}, repeats=1)
         sus = replace(sus, events=100_000, max_offsets_per_trigger=25_000)
         lat = replace(lat, rate=1000, duration_s=20.0, warmup_s=5.0)
+        tiny = replace(tiny, duration_s=40.0)
         mer = replace(mer, sizes=(100_000, 1_000_000), batch_rows=25_000, runs=1, rows_per_file=25_000,
                       warmup_rounds=1)  # fmt: skip
     counts = dict(sim.counts)
@@ -86,7 +92,16 @@ def params_from(args: argparse.Namespace) -> dict[str, Any]:
     if args.merge_sizes:
         mer = replace(mer, sizes=tuple(int(x) for x in args.merge_sizes.split(",")))
     mer = replace(mer, batch_rows=args.merge_batch or mer.batch_rows, runs=args.merge_runs or mer.runs)
-    return {"simulator": sim, "sustained": sus, "latency": lat, "merge": mer, "compaction": com}
+    high = replace(lat, name="latency_20k", rate=args.latency_high_rate or (2000 if args.quick else 20_000))
+    return {
+        "simulator": sim,
+        "sustained": sus,
+        "latency": lat,
+        "latency_20k": high,
+        "tiny": tiny,
+        "merge": mer,
+        "compaction": com,
+    }
 
 
 def echo_from(started: float) -> Callable[[str], None]:
@@ -96,49 +111,100 @@ def echo_from(started: float) -> Callable[[str], None]:
     return echo
 
 
+def _sim(run: dict[str, Any]) -> Any:
+    return run.get("msgs_per_s")
+
+
+def _get(key: str, *sub: str) -> Callable[[dict[str, Any]], Any]:
+    def get(run: dict[str, Any]) -> Any:
+        value: Any = run.get(key)
+        for k in sub:
+            value = value.get(k) if isinstance(value, dict) else None
+        return value
+
+    return get
+
+
+# The top-level figures: name -> (section, how to read it from one run of the section).
+FIGURES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
+    "simulator_msgs_per_s": ("simulator", _sim),
+    "sustained_events_per_s": ("sustained", _get("steady_events_per_s")),
+    "sustained_total_events_per_s": ("sustained", _get("total_events_per_s")),
+    "floor_append_events_per_s": ("sustained", _get("floor_append_events_per_s")),
+    "sustained_over_floor": ("sustained", _get("sustained_over_floor")),
+    "latency_p50_s": ("latency", _get("latency_p50_s")),
+    "latency_p99_s": ("latency", _get("latency_p99_s")),
+    "latency_p99_s_at_20k": ("latency_20k", _get("latency_p99_s")),
+    "tiny_batch_s": ("tiny", _get("tiny_batch_s")),
+    "merge_time_ratio_10m_over_1m": ("merge", _get("literal_ratio")),
+    "merge_time_ratio_10m_over_1m_seed": ("merge", _get("seed_ratio")),
+    "compaction_query_speedup": ("compaction", _get("query", "speedup")),
+    "compaction_files_read_ratio": ("compaction", _get("query", "files_ratio")),
+    "ingest_drop_during_compaction_pct": ("compaction", _get("ingest", "drop_pct")),
+    "job_rss_peak_gib": ("latency", _get("job_rss_peak_gib")),
+    "stack_rss_peak_gib": ("latency", _get("stack_rss_peak_gib")),
+}
+
+
 def headline(result: dict[str, Any]) -> dict[str, Any]:
-    """The top-level figures, from the sections that ran (None where a section did not run or failed)."""
-    s = result["sections"]
-
-    def get(section: str, key: str) -> Any:
-        data = s.get(section)
-        return data.get(key) if isinstance(data, dict) and "error" not in data else None
-
-    return {
-        "simulator_msgs_per_s": get("simulator", "msgs_per_s"),
-        "sustained_events_per_s": get("sustained", "steady_events_per_s"),
-        "sustained_total_events_per_s": get("sustained", "total_events_per_s"),
-        "floor_append_events_per_s": get("sustained", "floor_append_events_per_s"),
-        "sustained_over_floor": get("sustained", "sustained_over_floor"),
-        "latency_p50_s": get("latency", "latency_p50_s"),
-        "latency_p99_s": get("latency", "latency_p99_s"),
-        "merge_time_ratio_10m_over_1m": get("merge", "literal_ratio"),
-        "merge_time_ratio_10m_over_1m_seed": get("merge", "seed_ratio"),
-        "compaction_query_speedup": (get("compaction", "query") or {}).get("speedup"),
-        "compaction_files_read_ratio": (get("compaction", "query") or {}).get("files_ratio"),
-        "ingest_drop_during_compaction_pct": (get("compaction", "ingest") or {}).get("drop_pct"),
-        "job_rss_peak_gib": get("latency", "job_rss_peak_gib"),
-        "stack_rss_peak_gib": get("latency", "stack_rss_peak_gib"),
-    }
+    """The top-level figures from the sections that ran (None where one did not run or failed): the median of a
+    repeated section's runs, with every run's value under `spread`."""
+    out: dict[str, Any] = {}
+    spread: dict[str, list[Any]] = {}
+    for figure, (section, get) in FIGURES.items():
+        data = result["sections"].get(section)
+        runs = data.get("repeats", [data]) if isinstance(data, dict) else []
+        values = [get(r) for r in runs if "error" not in r]
+        values = [v for v in values if v is not None]
+        if not values:
+            out[figure] = None
+        elif len(values) == 1 or not all(isinstance(v, int | float) for v in values):
+            out[figure] = values[0]
+        else:
+            out[figure] = round(median(values), 3)
+            spread[figure] = sorted(values)
+    return {**out, "spread": spread}
 
 
-def run_sections(stack: BenchStack, workdir: Path, names: Sequence[str], params: dict[str, Any], echo: Any) -> dict:
+def combine(section: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One section's result from its runs: the run with the median key figure in full, plus every run's figures."""
+    if len(runs) == 1:
+        return runs[0]
+    figures = {f: get for f, (s, get) in FIGURES.items() if s == section}
+    repeats = [r if "error" in r else {f: get(r) for f, get in figures.items()} for r in runs]
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {**runs[0], "repeats": repeats}
+    key = next(iter(figures.values()))
+    ordered = sorted(ok, key=lambda r: key(r) if key(r) is not None else float("inf"))
+    return {**ordered[(len(ordered) - 1) // 2], "repeats": repeats}
+
+
+def run_sections(
+    stack: BenchStack, workdir: Path, names: Sequence[str], params: dict[str, Any], repeats: int, echo: Any
+) -> dict:
     runners: dict[str, Callable[..., dict[str, Any]]] = {
         "simulator": run_simulator,
         "sustained": run_sustained,
         "latency": run_latency,
+        "latency_20k": run_latency,
+        "tiny": run_tiny,
         "merge": run_merge,
         "compaction": run_compaction,
     }
     sections: dict[str, Any] = {}
     for name in names:
         started = time.monotonic()
-        echo(f"== {name}")
-        try:
-            sections[name] = runners[name](stack, workdir, params[name], echo=echo)
-        except Exception as e:  # one failed section must not lose the others' figures
-            traceback.print_exc()
-            sections[name] = {"error": f"{type(e).__name__}: {e}"}
+        runs: list[dict[str, Any]] = []
+        count = repeats if name in REPEATED else 1
+        for run in range(count):
+            echo(f"== {name}" + (f" (run {run + 1} of {count})" if count > 1 else ""))
+            try:
+                runs.append(runners[name](stack, workdir, params[name], echo=echo))
+            except Exception as e:  # one failed section must not lose the others' figures
+                traceback.print_exc()
+                runs.append({"error": f"{type(e).__name__}: {e}"})
+        sections[name] = combine(name, runs)
         sections[name]["section_s"] = round(time.monotonic() - started, 1)
     return sections
 
@@ -149,6 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         print(f"bench: unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    repeats = args.repeats if args.repeats is not None else 1 if args.quick else 3
+    if repeats < 1:
+        print(f"bench: --repeats must be 1 or more, got {repeats}", file=sys.stderr)
         return 2
     params = params_from(args)
     started = time.monotonic()
@@ -161,12 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": report.machine(),
         "git": report.git_commit(),
         "params": {name: asdict(p) for name, p in params.items()},
+        "repeats": {name: repeats if name in REPEATED else 1 for name in names},
     }
     workdir = Path(tempfile.mkdtemp(prefix="iotlake-bench-work-"))
     echo(f"workdir {workdir}; sections {names}")
     try:
         with bench_stack(echo=echo) as stack:
-            result["sections"] = run_sections(stack, workdir, names, params, echo)
+            result["sections"] = run_sections(stack, workdir, names, params, repeats, echo)
     finally:
         if args.keep_workdir:
             echo(f"logs and checkpoints kept in {workdir}")
@@ -181,7 +252,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(report.markdown(result))
     print(f"wrote {json_path} and {md_path}")
-    return 1 if any("error" in s for s in result["sections"].values()) else 0
+    return 1 if any(failed(s) for s in result["sections"].values()) else 0
+
+
+def failed(section: dict[str, Any]) -> bool:
+    """The section, or one of its repeated runs, raised."""
+    return "error" in section or any("error" in r for r in section.get("repeats", []))
 
 
 if __name__ == "__main__":

@@ -14,15 +14,16 @@ from bench.job import FAULTS, BenchError, MetricsPoller, Proc, ingest_argv, sim_
 from bench.lake import delta_commits, readings_cdf, trigger_times
 from bench.procs import ProcSampler
 from bench.stack import BenchStack, free_port
-from bench.stats import parse_batch_lines, percentile, summarize
+from bench.stats import median, parse_batch_lines, percentile, summarize
 from streaming.core.config import IngestConfig, Settings, load_settings
 from streaming.lake.status import stream_status
 
 
 @dataclass(frozen=True)
 class LatencyParams:
+    name: str = "latency"  # of the workload: its topic, tables, checkpoint and logs
     rate: int = 5000
-    duration_s: float = 90.0
+    duration_s: float = 180.0
     warmup_s: float = 10.0
     trigger_interval: str = IngestConfig.trigger_interval  # the trigger the service ships with
     devices: int = 200
@@ -93,7 +94,7 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
     """Job running continuously, sensor-sim at a fixed rate, drain, stop; latencies from the CDF."""
     metrics_port = free_port()
     env = stack.workload(
-        "latency",
+        params.name,
         workdir,
         IOTLAKE_INGEST__TRIGGER_INTERVAL=params.trigger_interval,
         IOTLAKE_INGEST__METRICS_PORT=str(metrics_port),
@@ -104,15 +105,15 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
     sampler = ProcSampler()
     for name, pid in stack.service_pids().items():
         sampler.track(name, pid)
-    job = Proc.spawn("ingest", ingest_argv(available_now=False), env, workdir / "latency-ingest.log")
+    job = Proc.spawn("ingest", ingest_argv(available_now=False), env, workdir / f"{params.name}-ingest.log")
     sampler.track("job", job.pid)
     sampler.start()
     poller.start()
     sim: Proc | None = None
-    summary_path = workdir / "latency-sim.json"
+    summary_path = workdir / f"{params.name}-sim.json"
     try:
         up_s = wait_until_up(job, poller, timeout=600)
-        echo(f"latency: job up after {up_s:.0f} s; sensor-sim at {params.rate}/s for {params.duration_s:.0f} s")
+        echo(f"{params.name}: job up after {up_s:.0f} s; sensor-sim at {params.rate}/s for {params.duration_s:.0f} s")
         argv = sim_argv(
             settings.kafka.bootstrap_servers,
             settings.kafka.topic,
@@ -124,13 +125,13 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
                 *(FAULTS if params.faults else ()),
             ),
         )  # fmt: skip
-        sim = Proc.spawn("sensor-sim", argv, env, workdir / "latency-sim.log")
+        sim = Proc.spawn("sensor-sim", argv, env, workdir / f"{params.name}-sim.log")
         sampler.track("simulator", sim.pid)
         sim_code = sim.wait(params.duration_s + 180)
         if sim_code != 0:
             raise BenchError(f"sensor-sim exited {sim_code}:\n{sim.tail()}")
         drain_s = wait_drained(settings, job, params.drain_timeout_s)
-        echo(f"latency: drained {drain_s:.1f} s after the simulator stopped; stopping the job (SIGTERM)")
+        echo(f"{params.name}: drained {drain_s:.1f} s after the simulator stopped; stopping the job (SIGTERM)")
     finally:
         if sim is not None:
             sim.stop()
@@ -163,6 +164,7 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
         "batch_messages": summarize([b.messages for b in batches], 1),
         "batch_seconds": summarize([b.seconds for b in batches]),
         "trigger_seconds": summarize(triggers),
+        "per_batch": parts,
         "share_of_batch_time": shares,
         "batch_parts_mean_s": {
             k: round(sum(p.get(k, 0.0) for p in parts[1:]) / max(len(parts) - 1, 1), 3) for k in shares
@@ -176,9 +178,47 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
         "stack_rss_peak_gib": sampler.peak_gib("all"),
     }
     echo(
-        f"latency: p50 {result['latency_p50_s']:.2f} s, p99 {result['latency_p99_s']:.2f} s over "
+        f"{params.name}: p50 {result['latency_p50_s']:.2f} s, p99 {result['latency_p99_s']:.2f} s over "
         f"{len(values):,} rows; RSS peak job {result['job_rss_peak_gib']:.2f} GiB, "
         f"stack {result['stack_rss_peak_gib']:.2f} GiB"
+    )
+    return result
+
+
+@dataclass(frozen=True)
+class TinyParams:
+    """Small batches from the running job: a trickle of messages, the trigger the service ships with."""
+
+    rate: int = 5  # messages/s: a batch of the job takes seconds, so a batch holds tens of messages
+    duration_s: float = 120.0
+    max_messages: int = 100
+    skip: int = 2  # batches with messages left out at the start: JVM, JIT and Delta caches warming up
+
+
+def tiny_figures(parts: list[dict[str, Any]], max_messages: int, skip: int) -> dict[str, Any]:
+    """tiny_batch_s: the median whole trigger (offsets written -> three tables -> commit written) of the batches of
+    1..max_messages messages after the first `skip` batches with messages; BenchError when there are none."""
+    tiny = [p for p in parts[skip:] if 1 <= p["messages"] <= max_messages and "trigger_s" in p]
+    if not tiny:
+        sizes = [p["messages"] for p in parts]
+        raise BenchError(f"no batch of 1..{max_messages} messages after the first {skip} (batches: {sizes})")
+    return {
+        "tiny_batch_s": round(median([p["trigger_s"] for p in tiny]), 3),
+        "tiny_batch_foreach_s": round(median([p["foreach_batch_s"] for p in tiny]), 3),
+        "tiny_batches": len(tiny),
+        "tiny_trigger_s": summarize([p["trigger_s"] for p in tiny]),
+        "tiny_messages": summarize([p["messages"] for p in tiny], 1),
+    }
+
+
+def run_tiny(stack: BenchStack, workdir: Path, params: TinyParams, echo: Any = print) -> dict[str, Any]:
+    """A trickle of messages into the running job: the fixed cost of a batch, end to end."""
+    run = LatencyParams(name="tiny", rate=params.rate, duration_s=params.duration_s, warmup_s=0.0)
+    latency = run_latency(stack, workdir, run, echo=echo)
+    result = {**tiny_figures(latency["per_batch"], params.max_messages, params.skip), "latency": latency}
+    echo(
+        f"tiny: {result['tiny_batches']} batches of {result['tiny_messages'].get('p50', 0):.0f} messages (p50): "
+        f"{result['tiny_batch_s']:.2f} s a trigger, {result['tiny_batch_foreach_s']:.2f} s in foreachBatch"
     )
     return result
 

@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from bench import report
+from bench.__main__ import combine, failed, headline
 from bench.floor import batches_of
 from bench.floor import steady as floor_steady
+from bench.job import BenchError
+from bench.latency import tiny_figures
 from bench.procs import ProcessLook, ProcSampler, cpu_seconds, descendants
 from bench.stats import (
     BatchLine,
@@ -198,8 +201,62 @@ def test_markdown_with_sections_missing() -> None:
         "latency_p99_s": None,
     }
     text = report.markdown(result)
-    assert "| simulator, confluent | 210,000 msgs/s | >= 200,000 | met |" in text
-    assert "| latency p99 at fixed rate | not run | <= 4 | - |" in text
+    assert "| simulator, confluent, through the broker | 210,000 msgs/s | >= 150,000 | met |" in text
+    assert "| latency p99 at 5,000 events/s | not run | <= 4 | - |" in text
+
+
+def test_a_tiny_batch_is_a_whole_trigger_of_at_most_100_messages_after_the_warm_up() -> None:
+    def part(messages: int, trigger_s: float) -> dict[str, Any]:
+        return {"messages": messages, "foreach_batch_s": trigger_s - 0.5, "trigger_s": trigger_s}
+
+    warm_up = [part(40, 30.0), part(60, 12.0)]
+    parts = [*warm_up, part(50, 7.0), part(101, 2.0), part(45, 9.0), part(0, 1.0), part(55, 8.0)]
+    parts.append({"messages": 20, "foreach_batch_s": 1.0})  # its commit never written: no whole trigger
+    figures = tiny_figures(parts, max_messages=100, skip=2)
+    assert figures["tiny_batch_s"] == 8.0  # median of 7, 9, 8: not the warm-up, the 101-message or the empty batch
+    assert figures["tiny_batch_foreach_s"] == 7.5
+    assert figures["tiny_batches"] == 3
+    with pytest.raises(BenchError, match=r"no batch of 1\.\.100 messages"):
+        tiny_figures([*warm_up, part(500, 3.0)], max_messages=100, skip=2)
+
+
+def test_a_repeated_section_reports_the_median_run_and_every_runs_figure() -> None:
+    def run(seconds: float, detail: str) -> dict[str, Any]:
+        return {
+            "tiny_batch_s": seconds,
+            "tiny_batch_foreach_s": seconds - 1,
+            "tiny_batches": 3,
+            "tiny_trigger_s": {"p50": seconds},
+            "tiny_messages": {"p50": 50},
+            "detail": detail,
+        }
+
+    runs = [run(9.0, "a"), {"error": "BenchError: the job exited"}, run(7.0, "b"), run(8.0, "c")]
+    section = combine("tiny", runs)
+    assert section["detail"] == "c"  # the run with the median figure, in full
+    assert [r.get("tiny_batch_s") for r in section["repeats"]] == [9.0, None, 7.0, 8.0]
+    assert failed(section)
+    result = {"sections": {"tiny": section, "simulator": {"msgs_per_s": {"confluent": 1.0}}, "merge": {"error": "x"}}}
+    figures = headline(result)
+    assert figures["tiny_batch_s"] == 8.0
+    assert figures["spread"]["tiny_batch_s"] == [7.0, 8.0, 9.0]
+    assert figures["simulator_msgs_per_s"] == {"confluent": 1.0}  # a section run once passes through
+    assert figures["merge_time_ratio_10m_over_1m"] is None
+    assert figures["sustained_events_per_s"] is None
+    assert combine("tiny", runs[:1]) is runs[0]
+    text_result = {
+        "date": "2026-12-03",
+        "git": {"commit": "abcdef1234567890", "dirty_paths": []},
+        "machine": {"cores": 2, "memory_gib": 23.5, "loadavg_at_start": ["0.1", "0.2", "0.3"]},
+        "command": "python -m bench --only tiny",
+        "elapsed_s": 60.0,
+        "params": {"tiny": {"rate": 5, "duration_s": 120.0, "max_messages": 100, "skip": 2}},
+        "sections": {"tiny": section, "merge": {"error": "x"}},
+        **figures,
+    }
+    text = report.markdown(text_result)
+    assert "| 8.00 s (median of 7.00, 8.00, 9.00) | <= 1.0 | **not met** |" in text
+    assert "1 of its runs failed" in text
 
 
 def test_window_rate_counts_the_batches_that_ran_during_the_window() -> None:
