@@ -28,6 +28,8 @@ class Target:
 TARGETS: tuple[Target, ...] = (
     Target("simulator_msgs_per_s.confluent", "simulator, confluent, through the broker", "msgs/s", ">= 150,000",
            lambda v: v >= 150_000),
+    Target("simulator_msgs_per_s.confluent-workers-2", "simulator, confluent, `--workers 2`", "msgs/s", "(none)",
+           lambda v: True),
     Target("simulator_msgs_per_s.kafka-python", "simulator, kafka-python", "msgs/s", "(none)", lambda v: True),
     Target("sustained_events_per_s", "sustained ingest, steady state", "events/s", ">= 50,000", lambda v: v >= 50_000),
     Target("sustained_total_events_per_s", "sustained ingest, incl. start-up", "events/s", "(none)", lambda v: True),

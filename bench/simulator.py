@@ -18,36 +18,42 @@ class SimulatorParams:
     counts: dict[str, int] = field(default_factory=lambda: {"confluent": 500_000, "kafka-python": 100_000})
     repeats: int = 3
     timeout_s: float = 900.0
+    workers: int = 2  # a confluent run with `--workers N` beside the one-process runs (1: none)
 
 
 def run_simulator(stack: BenchStack, workdir: Path, params: SimulatorParams, echo: Any = print) -> dict[str, Any]:
     """msgs_per_s of each backend (median of `repeats` runs), every run's figures and the CPU it used.
 
     A `--dry-run` of the confluent count (generator only, no Kafka) runs beside them: it tells whether the
-    generator or the client bounds the rate.
+    generator or the client bounds the rate. So does `confluent-workers-N`: `--workers N` processes.
     """
     result: dict[str, Any] = {"msgs_per_s": {}, "runs": {}}
-    kinds = [*params.counts.items(), ("dry-run", params.counts.get("confluent", max(params.counts.values())))]
+    confluent = params.counts.get("confluent", max(params.counts.values()))
+    kinds: list[tuple[str, str, int, tuple[str, ...]]] = [(b, b, c, ()) for b, c in params.counts.items()]
+    kinds.append(("dry-run", "confluent", confluent, ("--dry-run",)))
+    if params.workers > 1:
+        workers = str(params.workers)
+        kinds.append((f"confluent-workers-{workers}", "confluent", confluent, ("--workers", workers)))
     for run in range(params.repeats):  # backends alternate, so both see the same background load
-        for backend, count in kinds:
-            env = stack.workload(f"sim-{backend}", workdir, topic=backend != "dry-run")
+        for kind, backend, count, extra in kinds:
+            env = stack.workload(f"sim-{kind}", workdir, topic=kind != "dry-run")
             settings = load_settings(env=env)
-            summary = workdir / f"sim-{backend}-{run}.json"
+            summary = workdir / f"sim-{kind}-{run}.json"
             argv = sim_argv(
                 settings.kafka.bootstrap_servers,
                 settings.kafka.topic,
                 summary,
                 rate=0,
                 count=count,
-                backend="confluent" if backend == "dry-run" else backend,
-                extra=("--dry-run",) if backend == "dry-run" else (),
+                backend=backend,
+                extra=extra,
             )
             sampler = ProcSampler(interval=0.5)
             for name, pid in stack.service_pids().items():
                 sampler.track(name, pid)
             with sampler:
-                data = run_sim(argv, env, workdir / f"sim-{backend}-{run}.log", summary, params.timeout_s, sampler)
-            result["runs"].setdefault(backend, []).append(
+                data = run_sim(argv, env, workdir / f"sim-{kind}-{run}.log", summary, params.timeout_s, sampler)
+            result["runs"].setdefault(kind, []).append(
                 {
                     "count": data["sent_total"],
                     "elapsed_s": data["elapsed_s"],
@@ -58,7 +64,7 @@ def run_simulator(stack: BenchStack, workdir: Path, params: SimulatorParams, ech
                 }
             )
             echo(
-                f"simulator: {backend} run {run + 1}: {data['sent_total']:,} msgs at {data['msgs_per_s']:,.0f} msgs/s "
+                f"simulator: {kind} run {run + 1}: {data['sent_total']:,} msgs at {data['msgs_per_s']:,.0f} msgs/s "
                 f"(simulator {sampler.mean_cpu('simulator'):.2f} cores, broker {sampler.mean_cpu('kafka'):.2f}, "
                 f"machine {sampler.mean_machine_busy():.2f} busy)"
             )

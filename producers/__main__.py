@@ -4,4 +4,5 @@ import sys
 
 from producers.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a --workers process (multiprocessing's spawn) imports it again
+    sys.exit(main())

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from producers.stream import Message
 
 UNCONFIRMED = "unconfirmed_at_exit"
+COUNTS = ("sent_total", "valid_distinct", "duplicates", "out_of_order", "late", "malformed_total", "delivery_failed")
 
 
 class Accounting:
@@ -124,3 +125,31 @@ class Accounting:
             "msgs_per_s": round(self.sent_total / elapsed_s, 1) if elapsed_s > 0 else 0.0,
             "latest_by_device": self.latest_by_device(),
         }
+
+
+def merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's summary from its workers' (`--workers`): counts added up, devices (disjoint) joined, the longest
+    elapsed time."""
+    if not parts:
+        raise ValueError("no worker summaries to merge")
+    merged = dict(parts[0])
+    for key in COUNTS:
+        merged[key] = sum(p[key] for p in parts)
+    for key in ("malformed_by_kind", "delivery_errors"):
+        totals: dict[str, int] = {}
+        for p in parts:
+            for name, count in p[key].items():
+                totals[name] = totals.get(name, 0) + count
+        merged[key] = totals
+    latest: dict[str, dict[str, int]] = {}
+    for p in parts:
+        latest.update(p["latest_by_device"])
+    merged["latest_by_device"] = dict(sorted(latest.items()))
+    elapsed = max(p["elapsed_s"] for p in parts)
+    merged["elapsed_s"] = elapsed
+    merged["msgs_per_s"] = round(merged["sent_total"] / elapsed, 1) if elapsed > 0 else 0.0
+    if all("produced_total" in p for p in parts):
+        merged["produced_total"] = sum(p["produced_total"] for p in parts)
+    merged["interrupted"] = any(p.get("interrupted", False) for p in parts)
+    merged["workers"] = len(parts)
+    return merged

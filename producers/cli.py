@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import secrets
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from producers.accounting import UNCONFIRMED, Accounting
+from producers.accounting import UNCONFIRMED, Accounting, merge_summaries
 from producers.backends import BACKENDS, Backend, KafkaTarget, OnAck, OnFail, create_backend
 from producers.errors import SimulatorError, UsageError
 from producers.faults import DUPLICATE, LATE, MALFORMED_KINDS, OUT_OF_ORDER, VALID
@@ -50,6 +52,8 @@ class RunConfig:
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     notes: tuple[str, ...] = field(default=())
+    label: str = "sensor-sim"  # of progress lines: "sensor-sim[2/4]" in a --workers process
+    print_summary: bool = True  # a --workers process leaves the summary to the parent
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,6 +151,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     number(sim, "--devices", "number of devices", 100, int)
     number(sim, "--parcels", "number of parcels (device i sits on parcel i mod parcels)", 10, int)
     number(sim, "--rate", "messages per second; 0 = as fast as possible", 1000.0)
+    number(
+        sim,
+        "--workers",
+        "processes (one Kafka producer each) that share the devices, the count and the rate; one summary",
+        1,
+        int,
+    )
     amount = sim.add_mutually_exclusive_group()
     amount.add_argument(
         "--count",
@@ -230,6 +241,10 @@ def parse_config(argv: list[str] | None, env: Mapping[str, str], now_ms: int) ->
             raise UsageError(f"{flag} must be > 0 seconds, got {value}")
     if not 0 <= ns.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be 0..65535 (0 = off), got {ns.metrics_port}")
+    if ns.workers > 1 and ns.metrics_port:
+        raise UsageError("--metrics-port serves one process's counters: use it with --workers 1, or drop it")
+    if count is not None and ns.workers > count >= 1:
+        raise UsageError(f"--workers ({ns.workers}) exceeds --count ({count}): every worker needs a message")
     start_ms = parse_start_time(str(ns.start_time), now_ms)
     check_start_time(start_ms, now_ms)
     notes: list[str] = []
@@ -248,6 +263,7 @@ def parse_config(argv: list[str] | None, env: Mapping[str, str], now_ms: int) ->
         malformed_rate=ns.malformed_rate,
         malformed_kinds=parse_kinds(ns.malformed_kinds),
         added_fields=tuple(ns.add_field if ns.add_field is not None else _env_list(env, "--add-field")),
+        workers=ns.workers,
     )
     raw_config = ns.producer_config if ns.producer_config is not None else _env_list(env, "--producer-config")
     target = KafkaTarget(
@@ -310,9 +326,11 @@ def _key_values(items: list[str]) -> dict[str, str]:
     return config
 
 
-def progress_line(sent: int, rate: float, failed: int, queued: int, last_error: str | None) -> str:
+def progress_line(
+    sent: int, rate: float, failed: int, queued: int, last_error: str | None, label: str = "sensor-sim"
+) -> str:
     """One progress line: acknowledged, throughput, failures, still waiting for acknowledgement."""
-    line = f"sensor-sim: sent={sent:,} rate={rate:,.0f} msgs/s failed={failed:,} queued={queued:,}"
+    line = f"{label}: sent={sent:,} rate={rate:,.0f} msgs/s failed={failed:,} queued={queued:,}"
     return f"{line} last_error={last_error!r}" if last_error else line
 
 
@@ -391,22 +409,94 @@ def run(
     )
     summary["produced_total"] = produced
     summary["interrupted"] = interrupted
+    return finish(config, summary, out, err)
+
+
+def finish(config: RunConfig, summary: Mapping[str, Any], out: TextIO, err: TextIO) -> int:
+    """Write and print the summary of a run (or of all its workers); the exit code."""
     if config.summary_json is not None:
         _write_json(config.summary_json, summary)
-    if not config.quiet:
+    talk = config.print_summary  # a --workers process leaves all of it to the parent
+    if talk and not config.quiet:
         print(format_summary(summary), file=out)
-    if interrupted:
-        print("sensor-sim: interrupted; the summary counts what Kafka acknowledged", file=err)
+    if summary["interrupted"]:
+        if talk:
+            print("sensor-sim: interrupted; the summary counts what Kafka acknowledged", file=err)
         return EXIT_INTERRUPTED
-    if accounting.delivery_failed:
-        print(
-            f"sensor-sim: error: {accounting.delivery_failed:,} message(s) were not acknowledged by Kafka "
-            f"({', '.join(accounting.delivery_errors)}); check the broker at "
-            f"{config.target.bootstrap_servers}",
-            file=err,
-        )
+    if summary["delivery_failed"]:
+        if talk:
+            print(
+                f"sensor-sim: error: {summary['delivery_failed']:,} message(s) were not acknowledged by Kafka "
+                f"({', '.join(summary['delivery_errors'])}); check the broker at "
+                f"{config.target.bootstrap_servers}",
+                file=err,
+            )
         return EXIT_DELIVERY_FAILED
     return EXIT_OK
+
+
+def worker_config(config: RunConfig, worker: int, summary_json: Path) -> RunConfig:
+    """What worker `worker` of --workers N runs: its devices, its share of the count and of the rate."""
+    o = config.options
+    n = o.workers
+    count = None if o.count is None else o.count // n + (1 if worker < o.count % n else 0)
+    return replace(
+        config,
+        options=replace(o, worker=worker, count=count),
+        rate=config.rate / n,
+        summary_json=summary_json,
+        label=f"sensor-sim[{worker + 1}/{n}]",
+        print_summary=False,
+        notes=(),
+    )
+
+
+def run_workers(config: RunConfig, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """--workers N: N processes, each with its own producer, its devices and its share of the rate; one summary.
+
+    A worker that can't run (Kafka unreachable, a bad producer setting) prints its own error; its exit code is
+    returned. Ctrl-C reaches every worker of the terminal's process group; SIGTERM is passed on to them.
+    """
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    for note in config.notes:
+        print(f"sensor-sim: note: {note}", file=err)
+    context = multiprocessing.get_context("spawn")  # no fork of a process that may hold client threads
+    with tempfile.TemporaryDirectory(prefix="sensor-sim-workers-") as tmp:
+        paths = [Path(tmp) / f"worker-{w}.json" for w in range(config.options.workers)]
+        procs = [
+            context.Process(target=_worker_main, args=(worker_config(config, w, path),), name=f"sensor-sim-{w + 1}")
+            for w, path in enumerate(paths)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            for p in procs:
+                p.join()
+        except KeyboardInterrupt:
+            for p in procs:
+                if p.is_alive() and p.pid is not None:
+                    os.kill(p.pid, signal.SIGTERM)
+            for p in procs:
+                p.join()
+        codes = [p.exitcode for p in procs]
+        if any(not path.exists() for path in paths):
+            print(f"sensor-sim: error: not every worker finished its run (exit codes {codes}; see above)", file=err)
+            return next((c for c in codes if c not in (EXIT_OK, None) and c > 0), 1)
+        summary = merge_summaries([json.loads(path.read_text(encoding="utf-8")) for path in paths])
+    return finish(config, summary, out, err)
+
+
+def _worker_main(config: RunConfig) -> None:
+    """One --workers process: SIGTERM stops it like Ctrl-C; its exit code is its run's."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        code = run(config)
+    except SimulatorError as exc:
+        print(f"{config.label}: error: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    sys.exit(code)
 
 
 def counted(accounting: Accounting, metrics: SimulatorMetrics) -> tuple[OnAck, OnFail]:
@@ -487,7 +577,7 @@ def _send_all(
                     queued = produced - sent - accounting.delivery_failed
                     rate = (sent - last_sent) / (now - last_report)
                     print(
-                        progress_line(sent, rate, accounting.delivery_failed, queued, backend.last_error),
+                        progress_line(sent, rate, accounting.delivery_failed, queued, backend.last_error, config.label),
                         file=err,
                         flush=True,
                     )
@@ -520,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     try:
         config = parse_config(argv, os.environ, wall_clock_ms())
-        return run(config)
+        return run_workers(config) if config.options.workers > 1 else run(config)
     except SimulatorError as exc:
         print(f"sensor-sim: error: {exc}", file=sys.stderr)
         return exc.exit_code

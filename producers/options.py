@@ -40,6 +40,10 @@ class SimOptions:
     malformed_rate: float = 0.0
     malformed_kinds: tuple[str, ...] = MALFORMED_KINDS
     added_fields: tuple[str, ...] = ()
+    # One of `workers` processes: it sends the devices d with d % workers == worker, and event number n of its
+    # own is event n * workers + worker of the whole run (its id and its clock), so the shards don't overlap.
+    worker: int = 0
+    workers: int = 1
 
     def __post_init__(self) -> None:
         problems = option_problems(self)
@@ -59,6 +63,12 @@ def option_problems(o: SimOptions) -> list[str]:
             f"--parcels ({o.parcels}) exceeds --devices ({o.devices}): every parcel needs a device; "
             "lower --parcels or raise --devices"
         )
+    if o.workers < 1:
+        problems.append(f"--workers must be at least 1, got {o.workers}")
+    elif o.workers > o.devices >= 1:
+        problems.append(f"--workers ({o.workers}) exceeds --devices ({o.devices}): every worker needs a device")
+    elif not 0 <= o.worker < o.workers:
+        problems.append(f"worker {o.worker} is not one of the {o.workers} workers")
     if o.count is not None and o.count < 1:
         problems.append(f"--count must be at least 1, got {o.count}")
     if not (math.isfinite(o.step_ms) and o.step_ms >= 0):

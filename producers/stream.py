@@ -73,6 +73,9 @@ class EventStream:
         keys = [d.encode() for d in device_ids]
         ids = [ids_fragment(device_ids[d], parcel_of_device[d]) for d in range(devices)]
         prefix = event_id_prefix(o.seed, o.start_time_ms)
+        worker, workers = o.worker, o.workers
+        mine = list(range(worker, devices, workers))  # this worker's devices, in round-robin order
+        shard = len(mine)
         prefix_bytes = prefix.encode()
         template = EVENT_TEMPLATE
         new = tuple.__new__  # Message(...) through its Python-level __new__ costs twice as much
@@ -80,7 +83,7 @@ class EventStream:
         any_fault = plan.any_fault
         kinds = o.malformed_kinds
         added = o.added_fields
-        rnd = random.Random(f"sensor-sim:{o.seed}:faults").random
+        rnd = random.Random(f"sensor-sim:{o.seed}:faults" + (f":{worker}" if workers > 1 else "")).random
         clock = self._wall_clock
         start, step = o.start_time_ms, o.step_ms
         limit = sys.maxsize if o.count is None else o.count
@@ -90,7 +93,8 @@ class EventStream:
         history: list[Message] = []  # ring buffer of recently sent valid messages
         sent_valid = 0
         wall = -1  # last wall-clock reading; event time never exceeds it
-        n = 0  # generated events: drives the clock, the device round-robin and event ids
+        n = 0  # events this worker generated: drives the device round-robin
+        g = worker  # the same event's number in the whole run (n * workers + worker): its clock and its id
         emitted = 0
         held_count = 0  # len(held), kept by hand: cheaper in the loop
         valid_id = 0
@@ -108,19 +112,20 @@ class EventStream:
                         emitted += 1
                         continue
                     fate = VALID  # nothing sent yet to duplicate
-            dev = n % devices
-            t = start + int(n * step)
+            dev = mine[n % shard]
+            t = start + int(g * step)
             if t > wall:
                 wall = max(wall, clock())
                 if t > wall:
                     t = wall
             if fate == MALFORMED:
                 kind = kinds[int(rnd() * len(kinds))]
-                eid = event_id(prefix, n)
+                eid = event_id(prefix, g)
                 payload = malformed_payload(
                     kind, eid, device_ids[dev], parcel_of_device[dev], seqs[dev] + 1, t, sample(dev, t)
                 )
                 n += 1
+                g += workers
                 yield Message(keys[dev], payload, kind, -1, dev, t, seqs[dev] + 1)
                 emitted += 1
                 continue
@@ -135,7 +140,7 @@ class EventStream:
             temp, humidity, nitrogen, salinity, battery = sample(dev, t)
             value = template % (
                 prefix_bytes,
-                n,
+                g,
                 ids[dev],
                 seq,
                 t,
@@ -148,6 +153,7 @@ class EventStream:
             )
             msg = new(Message, (keys[dev], value, fate, valid_id, dev, t, seq))
             n += 1
+            g += workers
             valid_id += 1
             if fate == OUT_OF_ORDER:
                 held[dev] = msg

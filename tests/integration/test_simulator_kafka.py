@@ -78,3 +78,38 @@ def test_backend_sends_exactly_the_generated_bytes(backend: str, settings: Setti
     # Keyed by device: all messages of one device share a partition, and the devices spread over several.
     assert all(len(p) == 1 for p in partitions_of_key.values())
     assert len(set().union(*partitions_of_key.values())) > 1
+
+
+def test_workers_send_exactly_their_shares_through_the_broker(settings: Settings, tmp_path: Path) -> None:
+    """--workers 2: two producers; the topic holds exactly the messages of both workers' streams, once each."""
+    from producers.accounting import merge_summaries
+    from producers.cli import run_workers, worker_config
+
+    start = recent_start()
+    path = tmp_path / "s.json"
+    argv = ["--bootstrap-servers", settings.kafka.bootstrap_servers, "--topic", settings.kafka.topic]
+    argv += ["--workers", "2", "--rate", "0", "--count", str(COUNT), "--seed", "8", "--start-time", str(start)]
+    argv += ["--summary-json", str(path), "--quiet", *FAULT_FLAGS]
+    config = parse_config(argv, {}, wall_clock_ms())
+    assert run_workers(config) == 0
+    summary = json.loads(path.read_text())
+    shares = [worker_config(config, w, tmp_path / f"{w}.json").options for w in range(2)]
+    assert comparable(summary) == comparable(merge_summaries([simulate(o) for o in shares]))
+    assert summary["sent_total"] == COUNT and summary["delivery_failed"] == 0 and summary["workers"] == 2
+
+    consumer = Consumer(
+        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "t", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([settings.kafka.topic])
+    received: list[tuple[bytes, bytes]] = []
+    try:
+        while len(received) < COUNT:
+            batch = consumer.consume(1000, timeout=15)
+            assert batch, f"only {len(received)} of {COUNT} messages came back"
+            for m in batch:
+                assert m.error() is None, m.error()
+                received.append((m.key(), m.value()))
+    finally:
+        consumer.close()
+    expected = [(m.key, m.value) for o in shares for m in EventStream(o)]
+    assert sorted(received) == sorted(expected)

@@ -590,3 +590,75 @@ def test_start_time_accepts_epoch_ms_iso_and_now() -> None:
     assert parse_start_time("now", NOW) == NOW
     with pytest.raises(UsageError, match="neither epoch milliseconds nor ISO-8601"):
         parse_start_time("yesterday", NOW)
+
+
+def test_workers_share_the_devices_and_number_their_events_as_one_run() -> None:
+    """--workers: each worker sends its own devices; event ids and event times are those of one run's numbering."""
+    start, step, workers = 1_700_000_000_000, 2.0, 3
+    base = SimOptions(seed=5, start_time_ms=start, devices=10, parcels=2, count=400, step_ms=step)
+    devices_of: list[set[int]] = []
+    numbers: list[int] = []
+    for w in range(workers):
+        opts = SimOptions(**{**base.__dict__, "worker": w, "workers": workers})
+        msgs = list(EventStream(opts, wall_clock=lambda: 2 * start))
+        devices_of.append({m.device for m in msgs})
+        for m in msgs:
+            event = json.loads(m.value)
+            g = int(event["event_id"][-12:], 16)  # the event's number in the whole run
+            assert g % workers == w
+            assert event["event_time"] == start + int(g * step)
+            numbers.append(g)
+        seqs: dict[int, list[int]] = defaultdict(list)
+        for m in msgs:
+            seqs[m.device].append(m.seq)
+        assert all(s == list(range(1, len(s) + 1)) for s in seqs.values())  # every device's seq, gap-free
+    assert [sorted(d) for d in devices_of] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert len(numbers) == len(set(numbers)) == workers * 400
+
+
+def test_one_worker_is_the_run_without_workers() -> None:
+    opts = SimOptions(seed=9, start_time_ms=1_700_000_000_000, count=2000, duplicate_rate=0.1, malformed_rate=0.1)
+    same = SimOptions(**{**opts.__dict__, "worker": 0, "workers": 1})
+    assert list(EventStream(opts, _late_clock)) == list(EventStream(same, _late_clock))
+
+
+def _late_clock() -> int:
+    """A wall clock far ahead of the simulated time: no event time is capped."""
+    return 1_800_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"workers": 0}, "--workers must be at least 1"),
+        ({"workers": 11}, r"--workers \(11\) exceeds --devices \(10\)"),
+        ({"workers": 2, "worker": 2}, "worker 2 is not one of the 2 workers"),
+    ],
+)
+def test_bad_worker_options_name_the_flag(changes: dict[str, int], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        SimOptions(
+            seed=1, start_time_ms=0, devices=10, parcels=2, worker=changes.get("worker", 0), workers=changes["workers"]
+        )
+
+
+def test_worker_summaries_merge_into_the_runs() -> None:
+    from producers.accounting import merge_summaries
+
+    parts = []
+    for w in range(2):
+        opts = SimOptions(seed=4, start_time_ms=1_700_000_000_000, devices=6, parcels=2, count=3000 + w,
+                          duplicate_rate=0.1, late_rate=0.1, malformed_rate=0.1, worker=w, workers=2)  # fmt: skip
+        parts.append({**simulate(opts, wall_clock=_late_clock), "produced_total": 3000 + w})
+    parts[1]["delivery_failed"], parts[1]["delivery_errors"] = 2, {"_MSG_TIMED_OUT": 2}
+    parts[0]["elapsed_s"], parts[1]["elapsed_s"] = 2.0, 3.0
+    merged = merge_summaries(parts)
+    for key in ("sent_total", "valid_distinct", "duplicates", "late", "out_of_order", "malformed_total"):
+        assert merged[key] == parts[0][key] + parts[1][key], key
+    assert merged["sent_total"] == merged["produced_total"] == 6001
+    kinds = merged["malformed_by_kind"]
+    assert all(kinds[k] == parts[0]["malformed_by_kind"][k] + parts[1]["malformed_by_kind"][k] for k in kinds)
+    assert (merged["delivery_failed"], merged["delivery_errors"]) == (2, {"_MSG_TIMED_OUT": 2})
+    assert merged["latest_by_device"] == {**parts[0]["latest_by_device"], **parts[1]["latest_by_device"]}
+    assert len(merged["latest_by_device"]) == 6
+    assert (merged["elapsed_s"], merged["msgs_per_s"], merged["workers"]) == (3.0, round(6001 / 3.0, 1), 2)

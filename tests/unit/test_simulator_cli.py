@@ -571,3 +571,61 @@ def test_sigterm_stops_the_process_like_ctrl_c(tmp_path: Path) -> None:
     summary = json.loads(path.read_text())
     assert summary["interrupted"] is True and 0 < summary["sent_total"] < 200 * 120
     assert "sensor-sim: sent" in out
+
+
+def test_workers_run_as_processes_and_report_one_summary(tmp_path: Path) -> None:
+    """--workers 2 (dry run): two processes, each its share of the count and its devices; the summary adds up."""
+    from producers.accounting import merge_summaries
+
+    start = recent_start()
+    path = tmp_path / "s.json"
+    argv = ["--dry-run", "--workers", "2", "--rate", "0", "--count", "5001", "--seed", "3", "--devices", "7"]
+    argv += ["--parcels", "2"]
+    argv += ["--start-time", str(start), "--summary-json", str(path), *FAULT_FLAGS]
+    out, err = io.StringIO(), io.StringIO()
+    config = parse_config(argv, {}, wall_clock_ms())
+    assert cli_module.run_workers(config, stdout=out, stderr=err) == 0, err.getvalue()
+    summary = json.loads(path.read_text())
+    shares = [cli_module.worker_config(config, w, tmp_path / f"{w}.json").options for w in range(2)]
+    assert [o.count for o in shares] == [2501, 2500]
+    assert comparable(summary) == comparable(merge_summaries([simulate(o) for o in shares]))
+    assert summary["sent_total"] == 5001 and summary["workers"] == 2
+    assert "sensor-sim: sent 5,001 messages (dry run, no Kafka)" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers", "2", "--metrics-port", "9999"], "--metrics-port serves one process's counters"),
+        (["--workers", "3", "--count", "2"], r"--workers \(3\) exceeds --count \(2\)"),
+        (["--workers", "0"], "--workers must be at least 1"),
+    ],
+)
+def test_bad_worker_flags_name_the_problem(argv: list[str], message: str) -> None:
+    with pytest.raises(cli_module.UsageError, match=message):
+        parse_config(argv, {}, wall_clock_ms())
+
+
+def test_sigterm_stops_every_worker_and_the_summary_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    argv = ["--dry-run", "--workers", "2", "--rate", "400", "--duration", "120", "--progress-interval", "0.1"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "producers", *argv, "--summary-json", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert process.stderr is not None
+    seen: set[str] = set()
+    while len(seen) < 2:  # both workers running: each printed progress (readline blocks until a line comes)
+        line = process.stderr.readline()
+        assert line, "sensor-sim ended before both workers printed progress"
+        seen.update(w for w in ("[1/2]", "[2/2]") if line.startswith(f"sensor-sim{w}: sent="))
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    summary = json.loads(path.read_text())
+    assert summary["interrupted"] is True and summary["workers"] == 2
+    assert 0 < summary["sent_total"] < 400 * 120
+    assert "sensor-sim: sent" in out
