@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import shutil
 import sys
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke check (a few minutes)")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default: bench/results)")
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and checkpoints (path is printed)")
+    p.add_argument("--render", type=Path, metavar="JSON", help="measure nothing: redo a results file's figures and .md")
     p.add_argument("--repeats", type=int, help=f"runs of each of {REPEATED}, median reported (default 3; 1 --quick)")
     p.add_argument("--no-faults", action="store_true", help="no duplicates/late/malformed messages from sensor-sim")
     p.add_argument("--sim-confluent-count", type=int, help="messages per confluent run (default 500000)")
@@ -153,8 +155,12 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
     spread: dict[str, list[Any]] = {}
     for figure, (section, get) in FIGURES.items():
         data = result["sections"].get(section)
-        runs = data.get("repeats", [data]) if isinstance(data, dict) else []
-        values = [get(r) for r in runs if "error" not in r]
+        if not isinstance(data, dict):
+            values = []
+        elif "repeats" in data:  # every run's figures, by figure name (`combine`)
+            values = [r.get(figure) for r in data["repeats"] if "error" not in r]
+        else:
+            values = [] if "error" in data else [get(data)]
         values = [v for v in values if v is not None]
         if not values:
             out[figure] = None
@@ -209,8 +215,23 @@ def run_sections(
     return sections
 
 
+def render(path: Path) -> int:
+    """Recompute the figures of a results file from its sections, and its markdown (after a report change)."""
+    try:
+        measured = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"bench: can't read {path} as a results file: {e}", file=sys.stderr)
+        return 2
+    kept = {k: v for k, v in measured.items() if k not in FIGURES and k != "spread"}
+    json_path, md_path = report.write({**headline(kept), **kept}, path.parent, path.stem)
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.render:
+        return render(args.render)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:

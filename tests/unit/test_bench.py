@@ -244,6 +244,9 @@ def test_a_repeated_section_reports_the_median_run_and_every_runs_figure() -> No
     assert figures["merge_time_ratio_10m_over_1m"] is None
     assert figures["sustained_events_per_s"] is None
     assert combine("tiny", runs[:1]) is runs[0]
+    # A figure named unlike the section's own key (sustained_events_per_s reads steady_events_per_s).
+    sustained = combine("sustained", [{"steady_events_per_s": v, "sustained_over_floor": v / 1e5} for v in (3e4, 1e4)])
+    assert headline({"sections": {"sustained": sustained}})["sustained_events_per_s"] == 2e4
     text_result = {
         "date": "2026-12-03",
         "git": {"commit": "abcdef1234567890", "dirty_paths": []},
@@ -257,6 +260,27 @@ def test_a_repeated_section_reports_the_median_run_and_every_runs_figure() -> No
     text = report.markdown(text_result)
     assert "| 8.00 s (median of 7.00, 8.00, 9.00) | <= 1.0 | **not met** |" in text
     assert "1 of its runs failed" in text
+
+
+def test_render_redoes_the_figures_and_markdown_of_a_results_file(tmp_path: Any) -> None:
+    from bench.__main__ import main
+
+    runs = [{"tiny_batch_s": v, "tiny_batch_foreach_s": v, "tiny_batches": 3, "tiny_trigger_s": {},
+             "tiny_messages": {"p50": 50}} for v in (9.0, 7.0, 8.0)]  # fmt: skip
+    sections = {"tiny": combine("tiny", runs)}
+    stale = {"date": "2026-12-03", "git": {"commit": "abcdef1234567890", "dirty_paths": []},
+             "machine": {"cores": 2, "memory_gib": 23.5, "loadavg_at_start": ["0.1", "0.2", "0.3"]},
+             "command": "python -m bench --only tiny", "elapsed_s": 60.0, "sections": sections,
+             "params": {"tiny": {"rate": 5, "duration_s": 120.0, "max_messages": 100, "skip": 2}},
+             "tiny_batch_s": None, "spread": {}}  # fmt: skip
+    path = tmp_path / "2026-12-03-tiny.json"
+    path.write_text(json.dumps(stale))
+    assert main(["--render", str(path)]) == 0
+    redone = json.loads(path.read_text())
+    assert (redone["tiny_batch_s"], redone["spread"]["tiny_batch_s"]) == (8.0, [7.0, 8.0, 9.0])
+    assert redone["sections"] == sections
+    assert "| 8.00 s (median of 7.00, 8.00, 9.00) |" in (tmp_path / "2026-12-03-tiny.md").read_text()
+    assert main(["--render", str(tmp_path / "missing.json")]) == 2
 
 
 def test_window_rate_counts_the_batches_that_ran_during_the_window() -> None:
