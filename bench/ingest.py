@@ -111,10 +111,16 @@ def bound_statement(steady_cpu: float, machine_busy: float, cores: int, shares: 
     return f"{cpu}; the largest share of steady-state batch time is {top} ({shares.get(top, 0):.0%})"
 
 
+def floor_checkpoint(env: dict[str, str]) -> Path:
+    """The floor's checkpoint: beside the workload's own, so each run (each topic) starts from nothing."""
+    return Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"] + "-floor")
+
+
 def run_floor(env: dict[str, str], workdir: Path, timeout_s: float) -> dict[str, Any]:
     """`python -m bench.floor` on the workload's topic and storage, in its own JVM; its JSON result."""
-    argv = [sys.executable, "-m", "bench.floor", "--checkpoint", str(workdir / "floor-checkpoint")]
-    floor = Proc.spawn("floor", argv, env, workdir / "sustained-floor.log")
+    checkpoint = floor_checkpoint(env)
+    argv = [sys.executable, "-m", "bench.floor", "--checkpoint", str(checkpoint)]
+    floor = Proc.spawn("floor", argv, env, workdir / f"{checkpoint.name}.log")
     try:
         code = floor.wait(timeout_s)
     finally:

@@ -382,3 +382,15 @@ def test_the_soak_report_spans_the_producing_samples_and_flags_inexact_tables(tm
     assert "| RSS ingest, MiB | 100 / 300 / 250 |" in md
     assert "Tables exact: **False**" in md
     assert json.loads((tmp_path / "2026-12-02-soak.json").read_text())["exact"] is False
+
+
+def test_each_sustained_run_has_a_floor_checkpoint_of_its_own(tmp_path: Any) -> None:
+    """A second run's floor resumed the first run's checkpoint, whose topic was gone, and failed (--repeats)."""
+    from bench.ingest import floor_checkpoint
+
+    def env(uid: str) -> dict[str, str]:
+        return {"IOTLAKE_INGEST__CHECKPOINT_LOCATION": str(tmp_path / f"checkpoint-sustained-{uid}")}
+
+    first, second = floor_checkpoint(env("a1")), floor_checkpoint(env("b2"))
+    assert first != second
+    assert str(env("a1")["IOTLAKE_INGEST__CHECKPOINT_LOCATION"]) not in (str(first), str(second))
