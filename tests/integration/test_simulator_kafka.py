@@ -57,27 +57,34 @@ def test_backend_sends_exactly_the_generated_bytes(backend: str, settings: Setti
     assert value("iot_sim_delivery_latency_seconds_count") == summary["sent_total"]
     assert 0 < value("iot_sim_delivery_latency_seconds_sum") < 120 * COUNT
 
+    received = consume_all(settings)
+    expected = [(m.key, m.value) for m in EventStream(opts)]
+    assert sorted((key, value) for key, value, _ in received) == sorted(expected)
+    # Keyed by device: all messages of one device share a partition, and the devices spread over several.
+    partitions_of_key: dict[bytes, set[int]] = {}
+    for key, _, partition in received:
+        partitions_of_key.setdefault(key, set()).add(partition)
+    assert all(len(p) == 1 for p in partitions_of_key.values())
+    assert len(set().union(*partitions_of_key.values())) > 1
+
+
+def consume_all(settings: Settings) -> list[tuple[bytes, bytes, int]]:
+    """The topic's COUNT messages as (key, value, partition), from the start; fails if fewer come back."""
     consumer = Consumer(
         {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "t", "auto.offset.reset": "earliest"}
     )
     consumer.subscribe([settings.kafka.topic])
-    received: list[tuple[bytes, bytes]] = []
-    partitions_of_key: dict[bytes, set[int]] = {}
+    received: list[tuple[bytes, bytes, int]] = []
     try:
         while len(received) < COUNT:
             batch = consumer.consume(1000, timeout=15)
             assert batch, f"only {len(received)} of {COUNT} messages came back"
             for m in batch:
                 assert m.error() is None, m.error()
-                received.append((m.key(), m.value()))
-                partitions_of_key.setdefault(m.key(), set()).add(m.partition())
+                received.append((m.key(), m.value(), m.partition()))
     finally:
         consumer.close()
-    expected = [(m.key, m.value) for m in EventStream(opts)]
-    assert sorted(received) == sorted(expected)
-    # Keyed by device: all messages of one device share a partition, and the devices spread over several.
-    assert all(len(p) == 1 for p in partitions_of_key.values())
-    assert len(set().union(*partitions_of_key.values())) > 1
+    return received
 
 
 def test_workers_send_exactly_their_shares_through_the_broker(settings: Settings, tmp_path: Path) -> None:
@@ -97,19 +104,5 @@ def test_workers_send_exactly_their_shares_through_the_broker(settings: Settings
     assert comparable(summary) == comparable(merge_summaries([simulate(o) for o in shares]))
     assert summary["sent_total"] == COUNT and summary["delivery_failed"] == 0 and summary["workers"] == 2
 
-    consumer = Consumer(
-        {"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "t", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([settings.kafka.topic])
-    received: list[tuple[bytes, bytes]] = []
-    try:
-        while len(received) < COUNT:
-            batch = consumer.consume(1000, timeout=15)
-            assert batch, f"only {len(received)} of {COUNT} messages came back"
-            for m in batch:
-                assert m.error() is None, m.error()
-                received.append((m.key(), m.value()))
-    finally:
-        consumer.close()
     expected = [(m.key, m.value) for o in shares for m in EventStream(o)]
-    assert sorted(received) == sorted(expected)
+    assert sorted((key, value) for key, value, _ in consume_all(settings)) == sorted(expected)

@@ -553,16 +553,20 @@ def test_ctrl_c_flushes_and_reports_what_was_acknowledged(tmp_path: Path, monkey
     assert "interrupted" in err.getvalue()
 
 
-def test_sigterm_stops_the_process_like_ctrl_c(tmp_path: Path) -> None:
-    path = tmp_path / "s.json"
-    argv = ["--dry-run", "--rate", "200", "--duration", "120", "--progress-interval", "0.1"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "producers", *argv, "--summary-json", str(path)],
+def spawn_sim(argv: list[str], summary: Path) -> subprocess.Popen[str]:
+    """`python -m producers` with these flags and a summary file, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "producers", *argv, "--summary-json", str(summary)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
+
+
+def test_sigterm_stops_the_process_like_ctrl_c(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    process = spawn_sim(["--dry-run", "--rate", "200", "--duration", "120", "--progress-interval", "0.1"], path)
     assert process.stderr is not None
     assert process.stderr.readline().startswith("sensor-sim: sent=")  # running: it printed progress
     process.send_signal(signal.SIGTERM)
@@ -609,13 +613,7 @@ def test_bad_worker_flags_name_the_problem(argv: list[str], message: str) -> Non
 def test_sigterm_stops_every_worker_and_the_summary_says_so(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     argv = ["--dry-run", "--workers", "2", "--rate", "400", "--duration", "120", "--progress-interval", "0.1"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "producers", *argv, "--summary-json", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
+    process = spawn_sim(argv, path)
     assert process.stderr is not None
     seen: set[str] = set()
     while len(seen) < 2:  # both workers running: each printed progress (readline blocks until a line comes)
