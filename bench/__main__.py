@@ -113,10 +113,6 @@ def echo_from(started: float) -> Callable[[str], None]:
     return echo
 
 
-def _sim(run: dict[str, Any]) -> Any:
-    return run.get("msgs_per_s")
-
-
 def _get(key: str, *sub: str) -> Callable[[dict[str, Any]], Any]:
     def get(run: dict[str, Any]) -> Any:
         value: Any = run.get(key)
@@ -129,7 +125,7 @@ def _get(key: str, *sub: str) -> Callable[[dict[str, Any]], Any]:
 
 # The top-level figures: name -> (section, how to read it from one run of the section).
 FIGURES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
-    "simulator_msgs_per_s": ("simulator", _sim),
+    "simulator_msgs_per_s": ("simulator", _get("msgs_per_s")),
     "sustained_events_per_s": ("sustained", _get("steady_events_per_s")),
     "sustained_total_events_per_s": ("sustained", _get("total_events_per_s")),
     "floor_append_events_per_s": ("sustained", _get("floor_append_events_per_s")),

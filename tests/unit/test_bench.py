@@ -220,6 +220,20 @@ def test_a_tiny_batch_is_a_whole_trigger_of_at_most_100_messages_after_the_warm_
         tiny_figures([*warm_up, part(500, 3.0)], max_messages=100, skip=2)
 
 
+TINY_PARAMS = {"rate": 5, "duration_s": 120.0, "max_messages": 100, "skip": 2}
+
+
+def _run_info() -> dict[str, Any]:
+    """What a results file says of its run besides the figures: date, commit, machine, command, time."""
+    return {
+        "date": "2026-12-03",
+        "git": {"commit": "abcdef1234567890", "dirty_paths": []},
+        "machine": {"cores": 2, "memory_gib": 23.5, "loadavg_at_start": ["0.1", "0.2", "0.3"]},
+        "command": "python -m bench --only tiny",
+        "elapsed_s": 60.0,
+    }
+
+
 def test_a_repeated_section_reports_the_median_run_and_every_runs_figure() -> None:
     def run(seconds: float, detail: str) -> dict[str, Any]:
         return {
@@ -248,12 +262,8 @@ def test_a_repeated_section_reports_the_median_run_and_every_runs_figure() -> No
     sustained = combine("sustained", [{"steady_events_per_s": v, "sustained_over_floor": v / 1e5} for v in (3e4, 1e4)])
     assert headline({"sections": {"sustained": sustained}})["sustained_events_per_s"] == 2e4
     text_result = {
-        "date": "2026-12-03",
-        "git": {"commit": "abcdef1234567890", "dirty_paths": []},
-        "machine": {"cores": 2, "memory_gib": 23.5, "loadavg_at_start": ["0.1", "0.2", "0.3"]},
-        "command": "python -m bench --only tiny",
-        "elapsed_s": 60.0,
-        "params": {"tiny": {"rate": 5, "duration_s": 120.0, "max_messages": 100, "skip": 2}},
+        **_run_info(),
+        "params": {"tiny": TINY_PARAMS},
         "sections": {"tiny": section, "merge": {"error": "x"}},
         **figures,
     }
@@ -268,11 +278,7 @@ def test_render_redoes_the_figures_and_markdown_of_a_results_file(tmp_path: Any)
     runs = [{"tiny_batch_s": v, "tiny_batch_foreach_s": v, "tiny_batches": 3, "tiny_trigger_s": {},
              "tiny_messages": {"p50": 50}} for v in (9.0, 7.0, 8.0)]  # fmt: skip
     sections = {"tiny": combine("tiny", runs)}
-    stale = {"date": "2026-12-03", "git": {"commit": "abcdef1234567890", "dirty_paths": []},
-             "machine": {"cores": 2, "memory_gib": 23.5, "loadavg_at_start": ["0.1", "0.2", "0.3"]},
-             "command": "python -m bench --only tiny", "elapsed_s": 60.0, "sections": sections,
-             "params": {"tiny": {"rate": 5, "duration_s": 120.0, "max_messages": 100, "skip": 2}},
-             "tiny_batch_s": None, "spread": {}}  # fmt: skip
+    stale = {**_run_info(), "sections": sections, "params": {"tiny": TINY_PARAMS}, "tiny_batch_s": None, "spread": {}}
     path = tmp_path / "2026-12-03-tiny.json"
     path.write_text(json.dumps(stale))
     assert main(["--render", str(path)]) == 0
