@@ -57,6 +57,7 @@ ALL_RULES = STRUCTURAL_RULES | VALUE_RULES
 # put_if_absent: commits with a conditional PUT, safe with two writer processes (streaming/core/logstore.py).
 # single_driver: Delta's S3SingleDriverLogStore, safe with one writer process only.
 LOG_STORES = ("put_if_absent", "single_driver")
+PREINSTALLED_JARS = ("auto", "true", "false")
 
 _DURATION = re.compile(r"^\s*(?:interval\s+)?(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {
@@ -130,9 +131,11 @@ class SparkConfig:
     # spark.authenticate's shared secret for a spark:// master (the native cluster's: IOTLAKE_SPARK_AUTH_SECRET in
     # the secrets file). It reaches the driver through a 0600 properties file, never its command line.
     auth_secret: str | None = field(default=None, repr=False)
-    # The resolved jars on the class path, no Ivy at start (the compose image). On a spark:// cluster the workers
-    # hold the same Ivy cache at the same path: executors load the jars from there instead of copying ~750 MB.
-    preinstalled_jars: bool = False
+    # auto | true | false. true: the jars `make install` resolved go on the class path, no Ivy at start (the compose
+    # image; on a spark:// cluster the workers hold the same Ivy cache at the same path, so executors load the jars
+    # from there instead of copying ~750 MB). false: Ivy resolves them at every start and the application ships them.
+    # auto: true for a local master once the jars are resolved (a JVM starts 10-20 s sooner), false otherwise.
+    preinstalled_jars: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -426,6 +429,8 @@ def _coerce(cls: type, key: str, value: Any, where: str) -> Any:
         return tuple(value)
     if value is None:
         return None
+    if key == "preinstalled_jars":
+        return str(value).lower()  # YAML reads true/false as booleans, auto as text
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false, got {value!r}.")
@@ -560,6 +565,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError(
             f"storage.log_store must be one of {list(LOG_STORES)}, got {s.storage.log_store!r}. put_if_absent "
             "is safe with two writer processes; single_driver only with one."
+        )
+    if s.spark.preinstalled_jars not in PREINSTALLED_JARS:
+        raise ConfigError(
+            f"spark.preinstalled_jars must be one of {list(PREINSTALLED_JARS)}, got {s.spark.preinstalled_jars!r}."
         )
     parse_duration(s.ingest.trigger_interval, "ingest.trigger_interval")
     if s.ingest.checkpoint_lease_ttl_s < 10:

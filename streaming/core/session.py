@@ -230,9 +230,13 @@ def _auth_properties(settings: Settings) -> Iterator[Path | None]:
 
 
 def uses_preinstalled_jars(settings: Settings) -> bool:
-    """spark.preinstalled_jars: the resolved jars go on the class path; Ivy doesn't run (it writes its cache and may
-    reach a repository), so the job starts on a read-only root file system and with no route to a registry."""
-    return settings.spark.preinstalled_jars
+    """Whether the resolved jars go on the class path (spark.preinstalled_jars). Ivy then doesn't run: it writes its
+    cache and may reach a repository, so the job starts sooner, on a read-only root file system, with no route to a
+    registry. `auto`: for a local master, once `make install` has resolved them (the driver is the only JVM)."""
+    mode = settings.spark.preinstalled_jars
+    if mode == "auto":
+        return settings.spark.master.startswith("local") and resolved_jars(settings) is not None
+    return mode == "true"
 
 
 def jars_marker(settings: Settings) -> Path:
@@ -289,7 +293,7 @@ def resolve_jars(settings: Settings) -> bool:
     local = replace(
         settings,
         storage=replace(settings.storage, base_uri="file:/tmp/iotlake-resolve"),
-        spark=replace(settings.spark, master="local[1]", preinstalled_jars=False),
+        spark=replace(settings.spark, master="local[1]", preinstalled_jars="false"),
     )
     spark = build_session(local, app_name="iotlake-resolve-jars")
     try:

@@ -120,7 +120,7 @@ def test_preinstalled_jars_put_the_resolved_jars_on_both_class_paths_except_what
     env = {"IOTLAKE_SPARK__IVY_CACHE": str(tmp_path / "ivy"), "IOTLAKE_SPARK__MASTER": "spark://h:7077"}
     settings = load_settings(env={**env, "IOTLAKE_SPARK__PREINSTALLED_JARS": "true"})
     assert uses_preinstalled_jars(settings)
-    assert not uses_preinstalled_jars(load_settings(env=env))  # off by default: the jars go with the app
+    assert not uses_preinstalled_jars(load_settings(env=env))  # auto on a cluster: the jars go with the app
     local = load_settings(env={**env, "IOTLAKE_SPARK__MASTER": "local[2]", "IOTLAKE_SPARK__PREINSTALLED_JARS": "true"})
     assert uses_preinstalled_jars(local)  # the compose image in local mode: no Ivy at start, nothing to download
     with pytest.raises(ConfigError, match="make install"):
@@ -138,6 +138,24 @@ def test_preinstalled_jars_put_the_resolved_jars_on_both_class_paths_except_what
 
     jars[0].unlink()  # a cache cleared since: resolve again rather than start executors without Delta
     assert resolved_jars(settings) is None
+
+
+def test_auto_puts_resolved_jars_on_the_class_path_of_a_local_master_only(tmp_path: Path) -> None:
+    """The default, auto: a local job skips Ivy (10-20 s of every start) once `make install` resolved the jars; a
+    cluster's executors still get them with the application, and nothing resolved means Ivy resolves them."""
+    ivy = {"IOTLAKE_SPARK__IVY_CACHE": str(tmp_path / "ivy")}
+    local = load_settings(env={**ivy, "IOTLAKE_SPARK__MASTER": "local[2]"})
+    cluster = load_settings(env={**ivy, "IOTLAKE_SPARK__MASTER": "spark://h:7077"})
+    assert local.spark.preinstalled_jars == "auto"
+    assert not uses_preinstalled_jars(local)  # nothing resolved yet
+    jars = _ivy_jars(tmp_path / "ivy" / "jars", ["io.delta_delta-spark_4.2_2.13-4.4.0.jar"])
+    jars_marker(local).write_text(json.dumps([str(p) for p in jars]))
+    assert uses_preinstalled_jars(local)
+    assert not uses_preinstalled_jars(cluster)
+    off = load_settings(env={**ivy, "IOTLAKE_SPARK__MASTER": "local[2]", "IOTLAKE_SPARK__PREINSTALLED_JARS": "false"})
+    assert not uses_preinstalled_jars(off)
+    with pytest.raises(ConfigError, match=r"spark\.preinstalled_jars must be one of"):
+        load_settings(env={**ivy, "IOTLAKE_SPARK__PREINSTALLED_JARS": "sometimes"})
 
 
 def test_artifact_names_match_across_ivy_and_pyspark_jar_names() -> None:
