@@ -2,14 +2,18 @@
 
 1. A one-device-one-day query on a fragmented closed partition (many small appends), then one sidecar cycle
    (`Maintainer.cycle`: OPTIMIZE + Z-ORDER by device_id), then the same query: median time and files read.
-2. Sustained ingest of the same preloaded messages twice: alone, and while the bench's own Spark session
-   compacts a fragmented closed partition of the same readings table (the sidecar's situation), started once
-   the job committed its first batch. Events/s from the job's batch lines: steady state alone (start-up
-   excluded) against the batches that ran during the compaction.
+2. Sustained ingest of the same preloaded messages twice: alone, and while the sidecar (`iotlake maintain
+   --once`, its own process at maintenance.niceness, as deployed) compacts a fragmented closed partition of the
+   same readings table, started once the job committed its first batch. Events/s from the job's batch lines:
+   steady state alone (start-up excluded) against the batches that ran while the sidecar's OPTIMIZE ran (its
+   log gives each OPTIMIZE's end and duration).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -127,6 +131,24 @@ def window_rate(batches: list[BatchLine], start: datetime, end: datetime) -> flo
     return sum(b.messages for b in batches[first : last + 1]) / window if window > 0 else None
 
 
+SIDECAR_ONCE = [sys.executable, "-m", "streaming.cli", "maintain", "--once", "--json"]
+# The sidecar's log line for one OPTIMIZE (streaming.lake.maintenance.Maintainer.optimize), at its end.
+OPTIMIZE_LINE = re.compile(
+    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO \S+: optimize readings .* in (?P<seconds>[\d.]+)s \["
+)
+
+
+def optimize_windows(log_text: str) -> list[tuple[datetime, datetime]]:
+    """(start, end) of every OPTIMIZE of readings in a sidecar log, naive local time like the job's batch lines."""
+    windows = []
+    for line in log_text.splitlines():
+        m = OPTIMIZE_LINE.match(line.strip())
+        if m:
+            end = datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f")
+            windows.append((end - timedelta(seconds=float(m["seconds"])), end))
+    return windows
+
+
 def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, echo: Any = print) -> dict[str, Any]:
     closed_day = datetime.now(UTC).date() - timedelta(days=2)
     envs = {
@@ -177,10 +199,17 @@ def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, e
         window: dict[str, Any] = {}
 
         def compact() -> None:
-            window["start"] = datetime.now()
-            cycle = Maintainer(spark, during_settings, MaintenanceMetrics()).cycle(vacuum=False)
-            window["end"] = datetime.now()
-            result["concurrent_cycle"] = cycle.to_dict()
+            log = workdir / "sidecar-during.log"
+            env = {**envs["during"], "IOTLAKE_MAINTENANCE__METRICS_PORT": "0"}
+            sidecar = Proc.spawn("sidecar-during", SIDECAR_ONCE, env, log)
+            code = sidecar.wait(params.timeout_s)
+            text = log.read_text(errors="replace")
+            windows = optimize_windows(text)
+            if code != 0 or not windows:
+                raise RuntimeError(f"the sidecar compacted nothing (exit {code}):\n{sidecar.tail()}")
+            window["start"], window["end"] = min(w[0] for w in windows), max(w[1] for w in windows)
+            result["concurrent_cycle"] = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+            result["sidecar_niceness"] = during_settings.maintenance.niceness
 
         batches = _ingest(envs["during"], workdir, "ingest-during", params, once_batching=compact)
         during = window_rate(batches, window["start"], window["end"])

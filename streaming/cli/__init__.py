@@ -178,14 +178,9 @@ def _maintain(settings: Settings, args: argparse.Namespace) -> int:
 
 def _one_off(settings: Settings) -> Any:
     """A Maintainer on its own session, for `optimize` / `vacuum` (a second writer, like the sidecar)."""
-    from streaming.core.logstore import check_writers_safe
-    from streaming.core.preflight import check_storage
-    from streaming.core.session import build_session
-    from streaming.lake.maintenance import Maintainer
+    from streaming.lake.maintenance import Maintainer, session
 
-    check_writers_safe(settings, "maintain")
-    check_storage(settings)
-    return Maintainer(build_session(settings, app_name="iotlake-maintain"), settings)
+    return Maintainer(session(settings), settings)
 
 
 def _optimize(settings: Settings, args: argparse.Namespace) -> int:

@@ -203,6 +203,9 @@ class MaintenanceConfig:
     vacuum_interval: str = "1 day"
     retry_backoff: str = "30 seconds"
     max_backoff: str = "30 minutes"
+    # The sidecar's (and `iotlake optimize`/`vacuum`'s) OS scheduling niceness, JVM included: 0..19, 0 = the
+    # stream's. On a shared machine a compaction then gets the CPU the stream leaves, not the stream's share.
+    niceness: int = 10
 
     @property
     def interval_s(self) -> float:
@@ -529,6 +532,10 @@ def _validate_maintenance(m: MaintenanceConfig) -> None:
         raise ConfigError("maintenance.interval and retry_backoff must be > 0, and max_backoff >= retry_backoff.")
     if not 0 <= m.metrics_port <= 65535:
         raise ConfigError(f"maintenance.metrics_port must be 0..65535, got {m.metrics_port}.")
+    if not 0 <= m.niceness <= 19:
+        raise ConfigError(
+            f"maintenance.niceness must be 0..19 (0: the stream's priority, 19: the lowest), got {m.niceness}."
+        )
     if not 0 < m.small_file_mb < m.target_file_size_mb:
         raise ConfigError(
             f"maintenance.small_file_mb ({m.small_file_mb}) must be > 0 and below target_file_size_mb "

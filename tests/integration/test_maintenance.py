@@ -4,11 +4,13 @@ and the stream running beside it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
@@ -207,6 +209,12 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(
                 return "iot_table_version{table=readings}" in _scrape(maintain_port)
 
             wait_for(measured_readings, 900, 1.0, "the sidecar to measure readings")
+            # The sidecar and its JVM run at maintenance.niceness, below the stream: a compaction takes the CPU
+            # the stream leaves.
+            sidecar, stream = psutil.Process(procs["maintain"].pid), psutil.Process(procs["ingest"].pid)
+            base = os.getpriority(os.PRIO_PROCESS, 0)
+            assert {p.nice() for p in [sidecar, *sidecar.children(recursive=True)]} == {settings.maintenance.niceness}
+            assert {p.nice() for p in [stream, *stream.children(recursive=True)]} == {base}
             first = _scrape(maintain_port).get("iot_maintenance_cycles_total", 0.0)
             batches_before = _scrape(ingest_port).get("iot_ingest_batches_total", 0.0)
             for seed in range(2, 6):  # more traffic while the sidecar cycles (not a flood: cycles stay short)

@@ -308,6 +308,29 @@ def test_window_rate_counts_the_batches_that_ran_during_the_window() -> None:
     assert window_rate(batches[:1], at(0), at(5)) is None  # only batch 0: its start is unknown
 
 
+def test_the_compaction_window_comes_from_the_sidecars_optimize_lines() -> None:
+    """Only readings' OPTIMIZE lines count, each from its end minus its duration; other tables, VACUUM and a
+    conflict's retry line don't."""
+    from datetime import datetime
+
+    from bench.compaction import optimize_windows
+
+    log = "\n".join(
+        [
+            "2026-12-03 15:10:00,000 INFO py4j.clientserver: Closing down clientserver connection",
+            "2026-12-03 15:10:30,500 INFO streaming.lake.maintenance: optimize readings event_date=2026-12-01: "
+            "1000 -> 1 files (1000 small rewritten, 95.4 MiB) in 20.5s [closed partition: 1000 small files]",
+            "2026-12-03 15:10:31,000 INFO streaming.lake.maintenance: optimize quarantine (table): 12 -> 1 files "
+            "(12 small rewritten, 0.1 MiB) in 1.0s [4 small files]",
+            "2026-12-03 15:10:32,000 WARNING streaming.lake.maintenance: optimize readings (table): write conflict, "
+            "retry in 30s: ConcurrentAppendException",
+            "2026-12-03 15:10:40,000 INFO streaming.lake.maintenance: vacuum readings: deleted 0 files (0.0 MiB) "
+            "in 2.0s",
+        ]
+    )
+    assert optimize_windows(log) == [(datetime(2026, 12, 3, 15, 10, 10), datetime(2026, 12, 3, 15, 10, 30, 500000))]
+
+
 def _job_events(job_id: int, start: int, end: int, props: dict[str, str], tasks: int = 2) -> list[str]:
     stages = [{"Stage Name": "collect at NativeMethodAccessorImpl.java:0", "Number of Tasks": tasks}]
     begin = {"Event": "SparkListenerJobStart", "Job ID": job_id, "Submission Time": start, "Stage Infos": stages,

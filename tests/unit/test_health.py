@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streaming.core.config import MaintenanceConfig, Settings, load_settings
+from streaming.core.config import PROJECT_ROOT, MaintenanceConfig, Settings, load_settings
 from streaming.core.errors import ConfigError, VacuumRefusedError, is_conflict
 from streaming.lake.health import (
     UNPARTITIONED,
@@ -350,12 +352,38 @@ def test_health_and_metrics_from_a_synthetic_delta_log(tmp_path: Path) -> None:
         ({"open_partition_min_small_files": 3}, "open_partition_min_small_files >= min_small_files"),
         ({"min_small_file_ratio": 0}, "min_small_file_ratio"),
         ({"interval": "soon"}, "maintenance.interval"),
+        ({"niceness": 20}, "niceness must be 0..19"),
+        ({"niceness": -5}, "niceness must be 0..19"),
     ],
 )
 def test_maintenance_config_is_validated_with_the_fix(override: dict, message: str) -> None:
     env = {f"IOTLAKE_MAINTENANCE__{k.upper()}": str(v) for k, v in override.items()}
     with pytest.raises(ConfigError, match=message):
         load_settings(env=env)
+
+
+def test_the_sidecar_lowers_its_priority_to_the_configured_niceness_and_never_raises_it() -> None:
+    """In a child process (the test's own priority could not be raised back): from normal to 10, and a process
+    already at 19 stays there; the process it starts next (the JVM) inherits it."""
+    assert MaintenanceConfig().niceness == 10
+    script = (
+        "import os, subprocess, sys\n"
+        "from streaming.lake.maintenance import lower_priority\n"
+        "os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[1]))\n"
+        "lower_priority(int(sys.argv[2]))\n"
+        "child = subprocess.run(['sh', '-c', 'ps -o ni= -p $$'], capture_output=True, text=True)\n"
+        "print(os.getpriority(os.PRIO_PROCESS, 0), child.stdout.strip())\n"
+    )
+
+    def niceness_after(start: int, asked: int) -> str:
+        argv = [sys.executable, "-c", script, str(start), str(asked)]
+        return subprocess.run(argv, capture_output=True, text=True, check=True, cwd=PROJECT_ROOT).stdout.strip()
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # 0 unless the suite itself runs niced
+    assert base < 10
+    assert niceness_after(base, 10) == "10 10"
+    assert niceness_after(19, 10) == "19 19"
+    assert niceness_after(base, 0) == f"{base} {base}"
 
 
 def test_cluster_by_cannot_be_combined_with_partitioning(tmp_path: Path) -> None:
