@@ -2,7 +2,8 @@
 
 1. A one-device-one-day query on a fragmented closed partition (many small appends), then one sidecar cycle
    (`Maintainer.cycle`: OPTIMIZE + Z-ORDER by device_id), then the same query: median time and files read.
-2. Sustained ingest of the same preloaded messages twice: alone, and while the sidecar (`iotlake maintain
+2. Sustained ingest of the same preloaded messages twice, each into a table with the same fragmented closed
+   partition: alone (before that table's compaction in 1), and while the sidecar (`iotlake maintain
    --once`, its own process at maintenance.niceness, as deployed) compacts a fragmented closed partition of the
    same readings table, started once the job committed its first batch. Events/s from the job's batch lines:
    steady state alone (start-up excluded) against the batches that ran while the sidecar's OPTIMIZE ran (its
@@ -178,6 +179,8 @@ def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, e
         device = "device-00007"
         before = _query(spark, uris["alone"], device, closed_day, params.query_runs)
         echo(f"compaction: before: {before['files_read']} files, median {before['median_s']:.3f} s")
+        # Ingest alone into the fragmented table, as the other run starts on one: the same snapshot sizes.
+        alone = steady_rate(_ingest(envs["alone"], workdir, "ingest-alone", params), skip=1)
         maintainer = Maintainer(spark, settings["alone"], MaintenanceMetrics())
         started = time.monotonic()
         report = maintainer.cycle(vacuum=False)
@@ -193,8 +196,7 @@ def run_compaction(stack: BenchStack, workdir: Path, params: CompactionParams, e
             "files_ratio": round(after["files_read"] / before["files_read"], 4) if before["files_read"] else None,
         }
 
-        # Ingest alone, then ingest while the other table's closed partition is compacted.
-        alone = steady_rate(_ingest(envs["alone"], workdir, "ingest-alone", params), skip=1)
+        # Ingest while the sidecar compacts the other table's closed partition.
         during_settings = settings["during"]
         window: dict[str, Any] = {}
 
