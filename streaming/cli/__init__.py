@@ -15,6 +15,9 @@ from streaming.core.config import DEFAULT_CONFIG_PATH, Settings, load_settings
 from streaming.core.errors import IotLakeError, first_line
 from streaming.lake.ops import OPS_COMMANDS, add_ops_parsers
 
+# Every command's log lines; the benchmark parses the job's batch lines and the sidecar's OPTIMIZE lines.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -103,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.command in ("ingest", "maintain") else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
     )
     try:
         settings = load_settings(args.config)

@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+# One OPTIMIZE done: table, partition, files before -> after, small files rewritten, MiB, seconds, reason.
+# `python -m bench --only compaction` reads these lines (bench.compaction.optimize_windows).
+OPTIMIZE_LOG = "optimize %s %s: %d -> %d files (%d small rewritten, %.1f MiB) in %.1fs [%s]"
 
 # Commits the first measurement of a table reads (later ones read only new commits). On a busy table this
 # may not reach back to the last OPTIMIZE/VACUUM: their ages stay NaN until the sidecar runs one, and a
@@ -285,7 +288,7 @@ class Maintainer:
             duration_s=round(time.monotonic() - started, 3),
         )
         log.info(
-            "optimize %s %s: %d -> %d files (%d small rewritten, %.1f MiB) in %.1fs [%s]",
+            OPTIMIZE_LOG,
             spec.name,
             task.partition or "(table)",
             result.files_before,

@@ -310,25 +310,31 @@ def test_window_rate_counts_the_batches_that_ran_during_the_window() -> None:
 
 def test_the_compaction_window_comes_from_the_sidecars_optimize_lines() -> None:
     """Only readings' OPTIMIZE lines count, each from its end minus its duration; other tables, VACUUM and a
-    conflict's retry line don't."""
+    conflict's retry line don't. The lines come from the sidecar's own format strings, so a change there fails here."""
+    import logging
     from datetime import datetime
 
     from bench.compaction import optimize_windows
+    from streaming.cli import LOG_FORMAT
+    from streaming.lake.maintenance import OPTIMIZE_LOG
 
+    formatter = logging.Formatter(LOG_FORMAT)
+
+    def line(at: datetime, level: int, message: str, *args: Any) -> str:
+        record = logging.LogRecord("streaming.lake.maintenance", level, __file__, 0, message, args, None)
+        record.created, record.msecs = at.timestamp(), at.microsecond / 1000
+        return formatter.format(record)
+
+    t0 = datetime(2026, 12, 3, 15, 10, 30, 500000)
     log = "\n".join(
         [
-            "2026-12-03 15:10:00,000 INFO py4j.clientserver: Closing down clientserver connection",
-            "2026-12-03 15:10:30,500 INFO streaming.lake.maintenance: optimize readings event_date=2026-12-01: "
-            "1000 -> 1 files (1000 small rewritten, 95.4 MiB) in 20.5s [closed partition: 1000 small files]",
-            "2026-12-03 15:10:31,000 INFO streaming.lake.maintenance: optimize quarantine (table): 12 -> 1 files "
-            "(12 small rewritten, 0.1 MiB) in 1.0s [4 small files]",
-            "2026-12-03 15:10:32,000 WARNING streaming.lake.maintenance: optimize readings (table): write conflict, "
-            "retry in 30s: ConcurrentAppendException",
-            "2026-12-03 15:10:40,000 INFO streaming.lake.maintenance: vacuum readings: deleted 0 files (0.0 MiB) "
-            "in 2.0s",
+            line(t0, logging.INFO, OPTIMIZE_LOG, "readings", "event_date=2026-12-01", 1000, 1, 1000, 95.4, 20.5, "x"),
+            line(t0, logging.INFO, OPTIMIZE_LOG, "quarantine", "(table)", 12, 1, 12, 0.1, 1.0, "4 small files"),
+            line(t0, logging.WARNING, "optimize %s %s: write conflict, retry in %.0fs: %s", "readings", "p", 30, "e"),
+            line(t0, logging.INFO, "vacuum %s: deleted %d files (%.1f MiB) in %.1fs", "readings", 0, 0.0, 2.0),
         ]
     )
-    assert optimize_windows(log) == [(datetime(2026, 12, 3, 15, 10, 10), datetime(2026, 12, 3, 15, 10, 30, 500000))]
+    assert optimize_windows(log) == [(datetime(2026, 12, 3, 15, 10, 10), t0)]
 
 
 def _job_events(job_id: int, start: int, end: int, props: dict[str, str], tasks: int = 2) -> list[str]:
