@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from streaming.core.config import Settings, load_settings
 from streaming.core.errors import ConfigError, CredentialsError, SessionError
 from streaming.core.session import (
+    JIT_OPTIONS,
     SUBMIT_ARGS,
     _auth_properties,
     _submit_args,
@@ -40,6 +41,16 @@ def test_the_writer_key_is_a_hadoop_credential_not_a_launch_conf() -> None:
     assert conf["spark.hadoop.fs.s3a.endpoint"] == settings.storage.endpoint
     assert not [k for k, v in conf.items() if ACCESS in v or SECRET in v]
     assert split_credentials(conf) == (conf, {})
+
+
+@pytest.mark.parametrize("side", ["driver", "executor"])
+def test_every_jvm_jit_compiles_huge_methods_and_keeps_the_configs_own_options(side: str) -> None:
+    """Whole-stage code of the validation and of Delta's action rows has methods over HotSpot's 8,000-byte JIT
+    limit: driver and executors get -XX:-DontCompileHugeMethods, in front of any options the config gives them."""
+    key = f"spark.{side}.extraJavaOptions"
+    assert session_conf(load_settings(env=KEYS))[key] == JIT_OPTIONS == "-XX:-DontCompileHugeMethods"
+    own = load_settings(env={**KEYS, f"IOTLAKE_SPARK__CONF__{key}": "-Xss4m -Dx=1"})
+    assert session_conf(own)[key] == f"{JIT_OPTIONS} -Xss4m -Dx=1"  # a later -XX:+DontCompileHugeMethods would win
 
 
 def test_credentials_from_config_leave_the_launch_conf_too() -> None:
