@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
+from pyspark.storagelevel import StorageLevel
 
 from streaming.core.config import Settings
 from streaming.core.errors import CheckpointError
@@ -35,17 +36,23 @@ def tables(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> Lak
 
 
 def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dict], txn: bool = True) -> None:
-    """One batch the way the job writes it: its stats give the MERGE's literal dates and event-time ranges."""
+    """One batch the way the job writes it: the validated batch and its readings cached, the stats giving the
+    MERGE's literal dates and event-time ranges. Uncached, each MERGE plans and runs the validation again."""
     rules = Rules.from_settings(lake.settings)
     info = batch.BatchInfo(batch_id, NOW)
-    validated = batch.validate(kafka_rows(spark, [encode(e) for e in events]), rules, info)
-    stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
-    rows = batch.readings(validated, rules, info)
-    ranges = time_ranges(stats.buckets)
-    lake.merge_readings(rows, stats.dates, ranges, Txn("q-readings", batch_id) if txn else None, evolve=False)
-    lake.upsert_device_state(
-        batch.latest_per_device(rows), Txn("q-device_state", batch_id) if txn else None, evolve=False
-    )
+    raw = kafka_rows(spark, [encode(e) for e in events])
+    validated = batch.validate(raw, rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+    rows = batch.readings(validated, rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
+        ranges = time_ranges(stats.buckets)
+        lake.merge_readings(rows, stats.dates, ranges, Txn("q-readings", batch_id) if txn else None, evolve=False)
+        lake.upsert_device_state(
+            batch.latest_per_device(rows), Txn("q-device_state", batch_id) if txn else None, evolve=False
+        )
+    finally:
+        rows.unpersist()
+        validated.unpersist()
 
 
 def test_tables_are_created_with_properties_partitions_and_comments(spark: SparkSession, tables: LakeTables) -> None:
