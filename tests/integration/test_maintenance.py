@@ -4,30 +4,25 @@ and the stream running beside it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
-import psutil
 import pytest
 from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from stack.addresses import free_port
 from streaming.core.config import Settings, load_settings
 from streaming.core.errors import VacuumRefusedError
-from streaming.core.prometheus import scrape
 from streaming.core.storage import delta_rs_uri
 from streaming.lake.maintenance import Maintainer
 from streaming.lake.metrics import MaintenanceMetrics
 from streaming.pipeline.schema import READINGS_COLUMNS
 from streaming.pipeline.tables import LakeTables
-from tests.helpers import wait_for
-from tests.integration.lake import assert_tables_match, explain, ingest, read_table, reader_options, simulate
+from tests.integration.lake import assert_tables_match, explain, ingest, reader_options, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,7 +30,6 @@ APPENDS = 3
 FILES_PER_APPEND = 20
 ROWS_PER_APPEND = 3_000
 DEVICES = 50
-TABLES = ("readings", "device_state", "quarantine")
 
 
 def _readings(spark: SparkSession, append: int, day: date) -> DataFrame:
@@ -156,107 +150,6 @@ def test_iotlake_vacuum_below_retention_exits_2_naming_the_fix(test_env: dict[st
     )
     assert result.returncode == 2, explain(result)
     assert "below the table's deleted-file retention" in result.stderr and "Traceback" not in result.stderr
-
-
-def _scrape(port: int) -> dict[str, float]:
-    return scrape(f"http://127.0.0.1:{port}/metrics", timeout=5)
-
-
-def test_stream_keeps_running_through_ten_sidecar_cycles(
-    test_env: dict[str, str], settings: Settings, stack_secrets: dict[str, str], tmp_path: Path
-) -> None:
-    """The stream and a sidecar compacting aggressively (even the open partition) write the same tables:
-    no batch fails, conflicts are counted not fatal, and the tables still hold exactly what was sent."""
-    ingest_port, maintain_port = free_port(), free_port()
-    env = {
-        **test_env,
-        "IOTLAKE_INGEST__METRICS_PORT": str(ingest_port),
-        "IOTLAKE_INGEST__TRIGGER_INTERVAL": "2 seconds",
-        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "500",
-        "IOTLAKE_MAINTENANCE__METRICS_PORT": str(maintain_port),
-        "IOTLAKE_MAINTENANCE__INTERVAL": "2 seconds",
-        "IOTLAKE_MAINTENANCE__MIN_SMALL_FILES": "2",
-        "IOTLAKE_MAINTENANCE__OPEN_PARTITION_MIN_SMALL_FILES": "4",
-        "IOTLAKE_MAINTENANCE__RETRY_BACKOFF": "1 second",
-        "IOTLAKE_MAINTENANCE__MAX_BACKOFF": "4 seconds",
-    }
-    logs = {name: (tmp_path / f"{name}.log").open("w") for name in ("ingest", "maintain")}
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "streaming.cli", name], env=env, stdout=logs[name], stderr=subprocess.STDOUT
-        )
-        for name in ("ingest", "maintain")
-    }
-
-    def alive() -> None:
-        for name, p in procs.items():
-            assert p.poll() is None, f"{name} exited {p.returncode}:\n" + (tmp_path / f"{name}.log").read_text()[-6000:]
-
-    def reached(port: int, name: str, target: float) -> bool:
-        alive()
-        return _scrape(port).get(name, 0.0) >= target
-
-    def logs_tail(e: AssertionError) -> AssertionError:
-        tails = {name: (tmp_path / f"{name}.log").read_text()[-4000:] for name in procs}
-        return AssertionError(f"{e}\n--- maintain.log\n{tails['maintain']}\n--- ingest.log\n{tails['ingest']}")
-
-    try:
-        summaries = [simulate(settings, tmp_path, "--duplicate-rate", "0.05", count=3_000, seed=1)]
-        try:
-            # Count the cycles from when the sidecar first measured readings (cycles before it saw no table).
-            def measured_readings() -> bool:
-                alive()
-                return "iot_table_version{table=readings}" in _scrape(maintain_port)
-
-            wait_for(measured_readings, 900, 1.0, "the sidecar to measure readings")
-            # The sidecar and its JVM run at maintenance.niceness, below the stream: a compaction takes the CPU
-            # the stream leaves.
-            sidecar, stream = psutil.Process(procs["maintain"].pid), psutil.Process(procs["ingest"].pid)
-            base = os.getpriority(os.PRIO_PROCESS, 0)
-            assert {p.nice() for p in [sidecar, *sidecar.children(recursive=True)]} == {settings.maintenance.niceness}
-            assert {p.nice() for p in [stream, *stream.children(recursive=True)]} == {base}
-            first = _scrape(maintain_port).get("iot_maintenance_cycles_total", 0.0)
-            batches_before = _scrape(ingest_port).get("iot_ingest_batches_total", 0.0)
-            for seed in range(2, 6):  # more traffic while the sidecar cycles (not a flood: cycles stay short)
-                summaries.append(simulate(settings, tmp_path, "--duplicate-rate", "0.05", count=1_000, seed=seed))
-            wait_for(
-                lambda: reached(maintain_port, "iot_maintenance_cycles_total", first + 10), 1200, 1.0, "ten cycles"
-            )
-            sent = sum(s["sent_total"] for s in summaries)
-            wait_for(
-                lambda: reached(ingest_port, "iot_ingest_input_rows_total", sent), 900, 1.0, f"all {sent} messages"
-            )
-        except AssertionError as e:
-            raise logs_tail(e) from e
-        alive()
-        ingest, maintain = _scrape(ingest_port), _scrape(maintain_port)
-    finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            p.wait(timeout=120)
-        for f in logs.values():
-            f.close()
-    assert procs["ingest"].returncode == 0, (tmp_path / "ingest.log").read_text()[-6000:]
-    assert ingest["iot_ingest_query_up"] == 1
-    # The 4,000 messages sent after the sidecar's first measurement need at least 8 batches of at most 500:
-    # the stream kept committing while the sidecar cycled.
-    batches = ingest["iot_ingest_batches_total"]
-    assert batches - batches_before >= 8, (batches_before, batches)
-    assert maintain.get("iot_maintenance_files_compacted_total", 0.0) > 0, "the sidecar never compacted"
-    assert maintain.get("iot_maintenance_failures_total", 0.0) == 0, (tmp_path / "maintain.log").read_text()[-6000:]
-    # VACUUM is due once a day: at most once per table in this run (a table backing off after a conflict may
-    # not get its turn), never every cycle.
-    vacuums = [maintain.get(f"iot_maintenance_runs_total{{operation=vacuum,table={t}}}", 0) for t in TABLES]
-    assert max(vacuums) == 1, vacuums
-    readings = read_table(settings, "readings", stack_secrets)
-    assert len({r["event_id"] for r in readings}) == len(readings) == sum(s["valid_distinct"] for s in summaries)
-    # Every metric the sidecar names is exported, with a plausible value.
-    for name in ("iot_table_files", "iot_table_bytes", "iot_table_rows", "iot_table_version"):
-        assert maintain[f"{name}{{table=readings}}"] > 0, name
-    assert 0 <= maintain["iot_table_small_file_ratio{table=readings}"] <= 1
-    assert 0 <= maintain["iot_table_last_commit_age_seconds{table=readings}"] < 600
-    assert maintain["iot_table_rows_inserted_total{table=readings}"] > 0
 
 
 def test_liquid_clustered_readings_are_ingested_and_clustered_by_the_sidecar(

@@ -1,6 +1,6 @@
 """The Grafana dashboards: generated from monitoring/grafana/build.py, every panel documented and querying only
 metrics that the processes' metrics modules define. (Every query is run against a real Prometheus in
-tests/integration/test_dashboards.py.)"""
+tests/integration/test_live_scenario.py.)"""
 
 from __future__ import annotations
 
