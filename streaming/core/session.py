@@ -46,6 +46,10 @@ BASE_CONF: dict[str, str] = {
     # A batch compiles about 130 distinct classes (validation, MERGEs, Delta's snapshot queries). Spark's default cache
     # of 100 evicted each batch's classes before the next batch asked for them, so every batch compiled them again.
     "spark.sql.codegen.cache.maxEntries": "1000",
+    # Delta's VACUUM lists a table in this many tasks per stage. Spark's default of 10,000 (sized for partition
+    # discovery on a cluster, where Spark caps it by the paths listed; VACUUM does not) made the sidecar's VACUUM of a
+    # table of a few files run 170,000 tasks: 30-40 s alone, minutes beside the stream. Raise it on a large cluster.
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "8",
     "spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
     "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
     # Fail fast on a dead endpoint instead of retrying for minutes.
