@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from bench.vacuum import tasks_since
 from streaming.core.config import Settings, load_settings
 from streaming.core.errors import ConfigError, CredentialsError, SessionError
 from streaming.core.session import (
@@ -202,13 +203,6 @@ def test_the_running_session_is_reused_for_settings_it_was_built_for(
     assert build_session(local_settings, app_name="the-same-settings") is spark
 
 
-def _tasks_of_jobs_after(spark: SparkSession, job_id: int) -> int:
-    """Tasks of every stage of the jobs started after `job_id` (Spark's status tracker)."""
-    tracker = spark.sparkContext.statusTracker()
-    stages = [s for j in tracker.getJobIdsForGroup(None) if j > job_id for s in tracker.getJobInfo(j).stageIds]  # type: ignore[union-attr]
-    return sum(info.numTasks for s in stages if (info := tracker.getStageInfo(s)) is not None)
-
-
 def test_a_vacuum_of_a_small_table_runs_a_few_hundred_tasks_not_a_hundred_thousand(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -216,10 +210,9 @@ def test_a_vacuum_of_a_small_table_runs_a_few_hundred_tasks_not_a_hundred_thousa
     Spark's default of 10,000 made the sidecar's VACUUM of a table of a few files run 170,000 tasks (30-40 s)."""
     path = str(tmp_path / "table")
     for i in range(3):
-        spark.range(10).selectExpr("id", f"{i % 2} AS p").write.format("delta").mode("append").partitionBy("p").save(
-            path
-        )
+        frame = spark.range(10).selectExpr("id", f"{i % 2} AS p")
+        frame.write.format("delta").mode("append").partitionBy("p").save(path)
     tracker = spark.sparkContext.statusTracker()
     last_job = max(tracker.getJobIdsForGroup(None), default=-1)
     spark.sql(f"VACUUM delta.`{path}` RETAIN 168 HOURS")
-    assert 0 < _tasks_of_jobs_after(spark, last_job) < 1_000
+    assert 0 < tasks_since(spark, last_job) < 1_000
