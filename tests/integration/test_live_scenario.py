@@ -269,7 +269,8 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(scraped: Scraped, stack
         return _scrape(port).get(name, 0.0) >= target
 
     try:
-        # Count the cycles from when the sidecar first measured readings (cycles before it saw no table).
+        # Count ten cycles from a point where the sidecar has measured readings (cycles before it saw no table
+        # compact nothing).
         def measured_readings() -> bool:
             alive()
             return "iot_table_version{table=readings}" in _scrape(maintain_port)
