@@ -306,3 +306,12 @@ def write(result: Mapping[str, Any], out_dir: Path, stem: str) -> tuple[Path, Pa
     json_path.write_text(json.dumps(result, indent=2, sort_keys=False, default=str) + "\n")
     md_path.write_text(markdown(result))
     return json_path, md_path
+
+
+def write_text_report(result: Mapping[str, Any], lines: list[str], out_dir: Path, stem: str) -> None:
+    """A side-by-side benchmark's <stem>.json and its markdown lines as <stem>.md; the lines are printed too."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"written: {out_dir / stem}.json, .md")

@@ -9,7 +9,6 @@ recorded. Writes bench/results/<date>-vacuum.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -97,12 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         f"Spark's default takes {ratio:.1f}x as long.",
     ]
-    stem = f"{result['date']}-vacuum"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"written: {args.out / stem}.json, .md")
+    report.write_text_report(result, lines, args.out, f"{result['date']}-vacuum")
     return 0
 
 

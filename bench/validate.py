@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import shlex
 import statistics
 import sys
@@ -146,12 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for k, v in figures.items()
         ),
     ]
-    stem = f"{result['date']}-validate"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"written: {args.out / stem}.json, .md")
+    report.write_text_report(result, lines, args.out, f"{result['date']}-validate")
     return 0
 
 
