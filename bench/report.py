@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -315,3 +318,14 @@ def write_text_report(result: Mapping[str, Any], lines: list[str], out_dir: Path
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"written: {out_dir / stem}.json, .md")
+
+
+def run_header(module: str, argv: Sequence[str] | None, load: Any) -> dict[str, Any]:
+    """What every side-by-side result starts with: date, commit, load average at start and the exact command."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return {
+        "date": datetime.now(UTC).date().isoformat(),
+        "commit": git_commit(),
+        "load_average": load,
+        "command": shlex.join(["python", "-m", module, *args]),
+    }

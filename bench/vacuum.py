@@ -9,14 +9,12 @@ recorded. Writes bench/results/<date>-vacuum.{json,md}.
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -70,10 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             spark.stop()
     result = {
-        "date": datetime.now(UTC).date().isoformat(),
-        "commit": report.git_commit(),
-        "load_average": load,
-        "command": shlex.join(["python", "-m", "bench.vacuum", *(sys.argv[1:] if argv is None else argv)]),
+        **report.run_header("bench.vacuum", argv, load),
         "commits": args.commits,
         "runs": {k: [{"seconds": s, "tasks": t} for s, t in v] for k, v in runs.items()},
         "median_s": {k: statistics.median(s for s, _ in v) for k, v in runs.items()},

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import shlex
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -120,10 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         spark.stop()
     result = {
-        "date": datetime.now(UTC).date().isoformat(),
-        "commit": report.git_commit(),
-        "load_average": load,
-        "command": shlex.join(["python", "-m", "bench.validate", *(sys.argv[1:] if argv is None else argv)]),
+        **report.run_header("bench.validate", argv, load),
         "messages": args.messages,
         "seconds": figures,
         "median_s": {k: statistics.median(v) for k, v in figures.items()},
