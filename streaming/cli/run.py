@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,15 @@ from stack import prometheus as prom
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
 from streaming.core.catalog import lake_tables, resolve_table
-from streaming.core.config import Settings, load_settings
+from streaming.core.config import Settings, load_settings, parse_duration
 from streaming.core.errors import StackError, first_line
 from streaming.core.prometheus import scrape
-from streaming.lake.lakelog import open_table
+from streaming.lake.health import Commit
+from streaming.lake.lakelog import open_table, recent_commits
 from streaming.lake.status import stream_status, table_status
 
 REFRESH_S = 2.0
+DRAIN_POLL_S = 0.5  # the drain is timed at this resolution
 INGEST_START_TIMEOUT_S = 300.0
 DRAIN_TIMEOUT_S = 180.0
 SIDECAR_INTERVAL = "30 seconds"  # the demo's sidecar measures (and compacts what crossed a bar) this often
@@ -61,6 +64,59 @@ class Child:
 
     def tail(self, lines: int = 15) -> str:
         return proc.tail(self.log, lines)
+
+
+@dataclass
+class Timeline:
+    """What a newcomer watches in `make run`: how soon readings are queryable, how far the stream lags behind the
+    simulator, and how long it drains once the simulator stops."""
+
+    rate: int
+    trigger_s: float
+    sim_started_ms: int = 0  # wall clock (epoch ms) when the simulator was started: it sends at once
+    readings_version: int | None = None  # readings' version just before that: later commits are this run's
+    first_readings_s: float | None = None
+    peak_lag: int = 0
+    drain_s: float | None = None
+
+    def lines(self) -> list[str]:
+        first = (
+            f"first readings committed {self.first_readings_s:.1f} s after the simulator started"
+            if self.first_readings_s is not None
+            else "no readings committed during this run"
+        )
+        interval = max(self.rate * self.trigger_s, 1.0)
+        lag = (
+            f"peak lag {self.peak_lag:,} messages ({self.peak_lag / interval:.1f} trigger intervals' worth at "
+            f"{self.rate:,}/s and {self.trigger_s:g} s; sampled every {REFRESH_S:g} s)"
+        )
+        drain = (
+            f"drained {self.drain_s:.1f} s after the simulator stopped (checked every {DRAIN_POLL_S:g} s)"
+            if self.drain_s is not None
+            else f"not drained within {DRAIN_TIMEOUT_S:.0f} s of the simulator stopping"
+        )
+        return [first, lag, drain]
+
+
+def first_insert_after(commits: Iterable[Commit], since_ms: int) -> float | None:
+    """Seconds from since_ms to the first commit after it that inserted rows (the stream's MERGE; not the
+    sidecar's OPTIMIZE, not a MERGE that found only duplicates)."""
+    stamps = [
+        c.timestamp_ms
+        for c in commits
+        if c.timestamp_ms >= since_ms and c.operation == "MERGE" and c.metrics.get("numTargetRowsInserted", 0) > 0
+    ]
+    return (min(stamps) - since_ms) / 1000 if stamps else None
+
+
+def _first_readings_s(settings: Settings, timeline: Timeline) -> float | None:
+    """From the readings table's own commit timestamps: the commits since the simulator started."""
+    readings = resolve_table(settings, "readings")
+    newest = _table_versions(settings).get(readings.name)
+    if newest is None:
+        return None
+    before = -1 if timeline.readings_version is None else timeline.readings_version
+    return first_insert_after(recent_commits(settings, readings.uri, newest - before), timeline.sim_started_ms)
 
 
 def _spawn(name: str, argv: list[str], layout: StackLayout, env: dict[str, str]) -> Child:
@@ -125,9 +181,15 @@ def _sidecar_text(sidecar: dict[str, float]) -> str:
 
 
 def _live_line(
-    started: float, settings: Settings, metrics: dict[str, float], last: dict[str, Any], sup: Supervisor
+    started: float,
+    settings: Settings,
+    metrics: dict[str, float],
+    last: dict[str, Any],
+    sup: Supervisor,
+    timeline: Timeline,
 ) -> str:
     stream = stream_status(settings)
+    timeline.peak_lag = max(timeline.peak_lag, stream.total_lag)
     produced = sum(stream.latest_offsets.values())
     now = time.monotonic()
     rate = (produced - last.get("produced", 0)) / max(now - last.get("at", started), 1e-6)
@@ -175,6 +237,8 @@ def run_pipeline(
     summary_path = layout.home / "sensor-sim-summary.json"
     sup, ingest = supervisor(settings, layout, env, policy, rotation)
     sim: Child | None = None
+    trigger_s = parse_duration(settings.ingest.trigger_interval, "ingest.trigger_interval")
+    timeline = Timeline(rate, trigger_s)
     started = time.monotonic()
     interrupted = False
     gave_up: GaveUp | None = None
@@ -199,13 +263,15 @@ def run_pipeline(
             "--metrics-port", str(prom.SIMULATOR_METRICS_PORT),  # Prometheus' sensor-sim target
             *DEMO_FAULTS,
         ]  # fmt: skip
+        timeline.readings_version = _table_versions(settings).get(settings.tables.readings.name)
+        timeline.sim_started_ms = round(time.time() * 1000)
         sim = _spawn("sensor-sim", sim_argv, layout, env)
         started = time.monotonic()
         last: dict[str, Any] = {}
         try:
             while sim.process.poll() is None:
                 _report(sup.tick())
-                print(_live_line(started, settings, scrape(metrics_url), last, sup), flush=True)
+                print(_live_line(started, settings, scrape(metrics_url), last, sup, timeline), flush=True)
                 _sleep_until(sim, REFRESH_S)
         except KeyboardInterrupt:
             interrupted = True
@@ -214,13 +280,17 @@ def run_pipeline(
             sim.process.wait(60)
         if sim.process.returncode not in (0, None) and not interrupted:
             print(f"sensor-sim exited with {sim.process.returncode}:\n{sim.tail()}", file=sys.stderr)
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while time.monotonic() < deadline:
+        stopped = time.monotonic()
+        shown = stopped - REFRESH_S
+        while time.monotonic() < stopped + DRAIN_TIMEOUT_S:
             _report(sup.tick())  # a job that dies while draining is restarted and resumes from its checkpoint
-            print(_live_line(started, settings, scrape(metrics_url), last, sup), flush=True)
+            if time.monotonic() - shown >= REFRESH_S:
+                shown = time.monotonic()
+                print(_live_line(started, settings, scrape(metrics_url), last, sup, timeline), flush=True)
             if stream_status(settings).total_lag == 0:
+                timeline.drain_s = time.monotonic() - stopped
                 break
-            time.sleep(REFRESH_S)
+            time.sleep(DRAIN_POLL_S)
     except GaveUp as e:
         gave_up = e
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
@@ -231,7 +301,9 @@ def run_pipeline(
         code = sup.stop(timeout=120)["ingest"]  # the sidecar first, then the job
     ok = gave_up is None and code in (0, None)
     compaction = _final_compaction(settings, layout, env) if ok else None
-    print_summary(settings, layout, summary_path, ingest.log, code, compaction, sup.summary())
+    if timeline.sim_started_ms:
+        timeline.first_readings_s = _first_readings_s(settings, timeline)
+    print_summary(settings, layout, summary_path, ingest.log, code, compaction, sup.summary(), timeline)
     if gave_up is not None:
         print(f"\ngave up: {first_line(gave_up)}", file=sys.stderr)
     return 0 if ok else 1
@@ -283,6 +355,7 @@ def print_summary(
     code: int | None,
     compaction: list[dict[str, Any]] | None = None,
     supervision: list[str] | None = None,
+    timeline: Timeline | None = None,
 ) -> None:
     sent = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     print("\n=== summary " + "=" * 60)
@@ -311,6 +384,8 @@ def print_summary(
     if compaction == []:
         print("compaction:  nothing to compact (no partition with two or more small files)")
     stream = stream_status(settings)
+    for line in timeline.lines() if timeline is not None and timeline.sim_started_ms else []:
+        print(f"timing:      {line}")
     print(f"stream:      last batch {stream.last_batch_id}, lag {stream.total_lag}, checkpoint {stream.checkpoint}")
     print(f"ingest exit: {code}  (log {ingest_log})")
     for line in supervision or []:

@@ -65,8 +65,18 @@ def read_table(
         )
         for i, path in enumerate(actions.get("path", []))
     )
-    commits = tuple(_commit(entry) for entry in table.history(history) if "version" in entry) if history else ()
+    commits = _commits(table, history) if history else ()
     return TableLog(version=version, files=files, commits=commits, vacuumable=tuple(vacuumable))
+
+
+def recent_commits(settings: Settings, uri: str, limit: int) -> tuple[Commit, ...]:
+    """The newest `limit` commits of the table at uri, newest first (one JSON file read each); none before it exists."""
+    table = open_table(settings, uri)
+    return _commits(table, limit) if table is not None and limit > 0 else ()
+
+
+def _commits(table: Any, limit: int) -> tuple[Commit, ...]:
+    return tuple(_commit(entry) for entry in table.history(limit) if "version" in entry)
 
 
 def _commit(entry: dict[str, Any]) -> Commit:

@@ -21,6 +21,7 @@ from streaming.cli import main as iotlake_main
 from streaming.cli import run as stack_run
 from streaming.core.config import load_settings
 from streaming.core.errors import StackError
+from streaming.lake.health import Commit
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.unit
@@ -309,6 +310,31 @@ def test_run_supervises_the_job_and_the_sidecar_and_rotates_every_service_log(tm
     assert "kafka.log" not in logs  # Kafka's log4j file rolls by itself
     off = load_settings(env={"IOTLAKE_MAINTENANCE__ENABLED": "false"})
     assert [c.name for c in stack_run.supervisor(off, layout, {})[0].children] == ["ingest"]
+
+
+def test_first_readings_are_the_first_inserting_merge_after_the_simulator_started() -> None:
+    start = 1_700_000_000_000
+    commits = [  # newest first, as a table's history lists them
+        Commit(9, start + 9_000, "MERGE", {"numTargetRowsInserted": 40}),
+        Commit(8, start + 7_000, "OPTIMIZE", {"numAddedFiles": 1, "numRemovedFiles": 6}),
+        Commit(7, start + 6_000, "MERGE", {"numTargetRowsInserted": 12}),
+        Commit(6, start + 5_500, "MERGE", {"numTargetRowsInserted": 0}),  # a batch of duplicates only
+        Commit(5, start - 1, "MERGE", {"numTargetRowsInserted": 100}),  # the previous run's last batch
+    ]
+    assert stack_run.first_insert_after(commits, start) == 6.0
+    assert stack_run.first_insert_after([commits[1], commits[3], commits[4]], start) is None
+
+
+def test_run_timing_gives_the_lag_in_trigger_intervals_and_says_what_never_happened() -> None:
+    timeline = stack_run.Timeline(5_000, 1.0, sim_started_ms=1, first_readings_s=8.31, peak_lag=91_000, drain_s=21.04)
+    first, lag, drain = timeline.lines()
+    assert first == "first readings committed 8.3 s after the simulator started"
+    assert lag.startswith("peak lag 91,000 messages (18.2 trigger intervals' worth at 5,000/s and 1 s;")
+    assert drain.startswith("drained 21.0 s after the simulator stopped")
+    never = stack_run.Timeline(5_000, 2.0, sim_started_ms=1).lines()
+    assert never[0] == "no readings committed during this run"
+    assert never[1].startswith("peak lag 0 messages (0.0 trigger intervals' worth at 5,000/s and 2 s;")
+    assert never[2] == f"not drained within {stack_run.DRAIN_TIMEOUT_S:.0f} s of the simulator stopping"
 
 
 def test_run_refuses_a_bad_restart_policy_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
