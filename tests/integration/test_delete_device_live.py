@@ -1,9 +1,10 @@
 """`iotlake delete-device` while `iotlake ingest` keeps committing: the purge wins its races and is exact.
 
-The stream runs for real (long-running mode, a 1-second trigger, its own JVM) and a background sensor-sim keeps
-feeding it, so readings, device_state and quarantine get a commit every few seconds while the purge runs in a
-second JVM. The purged device only sent messages before the purge (the background producer leaves it out), so
-the check is exact at the DELETE's own commit: the device is gone there, and every other row of the version
+The stream runs for real (long-running mode, a 1-second trigger, its own process and JVM) and a background
+sensor-sim keeps feeding it, so readings, device_state and quarantine get a commit every few seconds while the purge
+runs in a second JVM: the tests' shared session, through the TableOps that `iotlake delete-device` runs (its CLI is
+tested in test_table_ops). The purged device only sent messages before the purge (the background producer leaves it
+out), so the check is exact at the DELETE's own commit: the device is gone there, and every other row of the version
 before it is still there.
 """
 
@@ -21,13 +22,15 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from stack import proc
 from streaming.core.config import Settings
 from streaming.core.storage import delta_rs_uri
+from streaming.lake.ops import TableOps
 from streaming.lake.status import committed_offsets
 from tests.helpers import wait_for
-from tests.integration.lake import explain, reader_options, simulate
+from tests.integration.lake import reader_options, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -89,7 +92,11 @@ def stop(job: subprocess.Popen[bytes]) -> None:
 
 
 def test_delete_device_while_the_stream_commits(
-    test_env: dict[str, str], settings: Settings, stack_secrets: dict[str, str], tmp_path: Path
+    spark: SparkSession,
+    test_env: dict[str, str],
+    settings: Settings,
+    stack_secrets: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     first = simulate(settings, tmp_path, "--malformed-rate", "0.05", count=4_000, seed=11)
     assert TARGET in first["latest_by_device"]
@@ -143,13 +150,7 @@ def test_delete_device_while_the_stream_commits(
         waited(stream_commits_again, 600, "a stream commit to every table")
 
         started_ms = time.time() * 1000
-        purge = subprocess.run(
-            [sys.executable, "-m", "streaming.cli", "delete-device", TARGET, "--yes", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        report = TableOps(spark, settings).delete_device(TARGET).as_dict()
         ended_ms = time.time() * 1000
         alive()
     finally:
@@ -158,8 +159,6 @@ def test_delete_device_while_the_stream_commits(
         for handle in handles.values():
             handle.close()
     assert jobs["ingest"].returncode == 0, proc.tail(logs["ingest"], 60)
-    assert purge.returncode == 0, explain(purge)
-    report = json.loads(purge.stdout)
     tables = {t["table"]: t for t in report["tables"]}
     print("retries per table:", {name: t["retries"] for name, t in tables.items()})
 

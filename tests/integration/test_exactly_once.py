@@ -39,7 +39,7 @@ def crash_then_restart(spark: SparkSession, test_env: dict[str, str], exactly_on
 def test_crash_after_commit_then_replay_is_exactly_once(
     spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
-    summary = simulate(settings, tmp_path, *FAULTS, count=16_000)
+    summary = simulate(settings, tmp_path, *FAULTS, count=8_000)
     crash_then_restart(spark, test_env, exactly_once=True)
     assert_tables_match(settings, stack_secrets, summary)
 
@@ -58,7 +58,7 @@ def test_negative_control_without_transaction_ids_duplicates_the_replayed_batch(
     spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     """The same crash without transaction ids must show a difference, or the test above proves nothing."""
-    summary = simulate(settings, tmp_path, *FAULTS, count=16_000)
+    summary = simulate(settings, tmp_path, *FAULTS, count=8_000)
     crash_then_restart(spark, test_env, exactly_once=False)
     quarantine = read_table(settings, "quarantine", stack_secrets)
     coordinates = Counter((q["kafka_partition"], q["kafka_offset"]) for q in quarantine)

@@ -200,10 +200,15 @@ def settled(scraped: Scraped) -> Scraped:
         up = query(scraped.prometheus, "up == 1")
         jobs = {s["metric"]["job"] for s in up.get("data", {}).get("result", [])}
         waiting = [f"target {job} not up" for job in sorted(expected_jobs - jobs)]
-        waiting += [f"{expr}: {why}" for expr in runnable if (why := problem(scraped.prometheus, expr))]
+        for expr in runnable:
+            if why := problem(scraped.prometheus, expr):
+                waiting.append(f"{expr}: {why}")
+            else:
+                first_data.setdefault(expr, time.monotonic() - started)
         return waiting
 
     started = time.monotonic()
+    first_data: dict[str, float] = {}  # when each query first had data: the last ones set the fixture's time
     last: list[str] = []
 
     def check() -> bool:
@@ -215,7 +220,9 @@ def settled(scraped: Scraped) -> Scraped:
         wait_for(check, READY_TIMEOUT_S, interval=5, message="every panel query to return data")
     except AssertionError as e:
         raise AssertionError(f"{e}\nstill waiting for: {last}\n{scraped.tails()}") from None
-    print(f"all panel queries had data after {time.monotonic() - started:.0f} s")
+    print(f"all panel queries had data after {time.monotonic() - started:.0f} s; the last:")
+    for expr, seconds in sorted(first_data.items(), key=lambda item: -item[1])[:5]:
+        print(f"  {seconds:5.0f} s  {expr}")
     return scraped
 
 
