@@ -1,11 +1,14 @@
-"""`iotlake delete-device` while `iotlake ingest` keeps committing: the purge wins its races and is exact.
+"""`iotlake delete-device` while `iotlake ingest` keeps committing: the purge lands between the stream's commits.
 
 The stream runs for real (long-running mode, a 1-second trigger, its own process and JVM) and a background
 sensor-sim keeps feeding it, so readings, device_state and quarantine get a commit every few seconds while the purge
 runs in a second JVM: the tests' shared session, through the TableOps that `iotlake delete-device` runs (its CLI is
-tested in test_table_ops). The purged device only sent messages before the purge (the background producer leaves it
-out), so the check is exact at the DELETE's own commit: the device is gone there, and every other row of the version
-before it is still there.
+tested in test_table_ops). On every table the commit before the DELETE and the one after it are the stream's, so the
+purge met a live writer on both sides; whether a stream commit also lands inside the purge's few seconds is chance,
+so the lost-race retries are tested deterministically in tests/unit/test_ops_delete.py instead. The purged device
+only sent messages before the purge (the background producer leaves it out), so the check is exact at the DELETE's
+own commit (the device is gone there, and every other row of the version before it is still there) and after the
+stream's next commit (which brings none of the device back).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,11 @@ def rows_at(settings: Settings, secrets: dict[str, str], table: str, version: in
 def history(settings: Settings, secrets: dict[str, str], table: str) -> list[dict[str, Any]]:
     uri = delta_rs_uri(settings.storage.table_uri(table))
     return DeltaTable(uri, storage_options=reader_options(settings, secrets)).history()
+
+
+def is_stream_commit(commit: dict[str, Any]) -> bool:
+    """A commit of `iotlake ingest` (the CLI's own commits carry an `iotlake ...` userMetadata)."""
+    return commit["operation"] in ("MERGE", "WRITE") and "iotlake" not in (commit.get("userMetadata") or "")
 
 
 def committed(location: Path, topic: str) -> int:
@@ -149,10 +156,16 @@ def test_delete_device_while_the_stream_commits(
 
         waited(stream_commits_again, 600, "a stream commit to every table")
 
-        started_ms = time.time() * 1000
         report = TableOps(spark, settings).delete_device(TARGET).as_dict()
-        ended_ms = time.time() * 1000
         alive()
+        deleted_at = {t["table"]: t["commit_version"] for t in report["tables"]}
+        assert all(deleted_at.get(t) is not None for t in TABLES), report
+
+        def stream_commits_after_the_purge() -> bool:
+            alive()
+            return all(history(settings, stack_secrets, t)[0]["version"] > deleted_at[t] for t in TABLES)
+
+        waited(stream_commits_after_the_purge, 600, "a stream commit to every table after the purge")
     finally:
         for job in jobs.values():
             stop(job)
@@ -165,14 +178,13 @@ def test_delete_device_while_the_stream_commits(
     for name in TABLES:
         deletion = tables[name]
         version = deletion["commit_version"]
-        assert version is not None, (name, deletion)
-        # The stream committed to the table while the purge ran: the DELETE had a live writer to race.
-        stream_commits = [
-            h
-            for h in history(settings, stack_secrets, name)
-            if started_ms <= h["timestamp"] <= ended_ms and "iotlake" not in (h.get("userMetadata") or "")
-        ]
-        assert stream_commits, f"{name}: no stream commit while delete-device ran"
+        commits = {h["version"]: h for h in history(settings, stack_secrets, name)}
+        # The stream committed to the table right before the DELETE and right after it.
+        assert is_stream_commit(commits[version - 1]) and is_stream_commit(commits[version + 1]), (
+            name,
+            commits[version - 1],
+            commits[version + 1],
+        )
         # At the DELETE's commit the device is gone, and nothing else went with it.
         before, after = (
             rows_at(settings, stack_secrets, name, version - 1),
@@ -186,7 +198,9 @@ def test_delete_device_while_the_stream_commits(
             return sorted(tuple(r[k] for k in IDENTITY[table]) for r in rows if not is_target(table, r))
 
         assert others(after) == others(before), f"{name}: rows of other devices changed"
-        commit = next(h for h in history(settings, stack_secrets, name) if h["version"] == version)
+        commit = commits[version]
         assert commit["operation"] == "DELETE" and TARGET in commit["userMetadata"], commit
-        # Nothing of the device came back after the purge either (it sent nothing more).
+        # Nothing of the device came back after the purge either (it sent nothing more), nor with the stream's commits.
         assert deletion["rows_remaining"] == 0, (name, deletion)
+        latest = max(commits)
+        assert not any(is_target(name, r) for r in rows_at(settings, stack_secrets, name, latest)), (name, latest)
