@@ -31,7 +31,7 @@ from streaming.core.config import Settings, load_settings, parse_duration
 from streaming.core.errors import StackError, first_line
 from streaming.core.prometheus import scrape
 from streaming.lake.health import Commit
-from streaming.lake.lakelog import open_table, recent_commits
+from streaming.lake.lakelog import commits_since, open_table
 from streaming.lake.status import stream_status, table_status
 
 REFRESH_S = 2.0
@@ -110,13 +110,9 @@ def first_insert_after(commits: Iterable[Commit], since_ms: int) -> float | None
 
 
 def _first_readings_s(settings: Settings, timeline: Timeline) -> float | None:
-    """From the readings table's own commit timestamps: the commits since the simulator started."""
-    readings = resolve_table(settings, "readings")
-    newest = _table_versions(settings).get(readings.name)
-    if newest is None:
-        return None
-    before = -1 if timeline.readings_version is None else timeline.readings_version
-    return first_insert_after(recent_commits(settings, readings.uri, newest - before), timeline.sim_started_ms)
+    """From the readings table's own commit timestamps: its commits since the simulator started."""
+    commits = commits_since(settings, resolve_table(settings, "readings").uri, timeline.readings_version)
+    return first_insert_after(commits, timeline.sim_started_ms)
 
 
 def _spawn(name: str, argv: list[str], layout: StackLayout, env: dict[str, str]) -> Child:

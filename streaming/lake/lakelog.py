@@ -69,10 +69,14 @@ def read_table(
     return TableLog(version=version, files=files, commits=commits, vacuumable=tuple(vacuumable))
 
 
-def recent_commits(settings: Settings, uri: str, limit: int) -> tuple[Commit, ...]:
-    """The newest `limit` commits of the table at uri, newest first (one JSON file read each); none before it exists."""
+def commits_since(settings: Settings, uri: str, version: int | None) -> tuple[Commit, ...]:
+    """The commits of the table at uri after `version` (every one when None), newest first, one JSON file read
+    each; none before the table exists."""
     table = open_table(settings, uri)
-    return _commits(table, limit) if table is not None and limit > 0 else ()
+    if table is None:
+        return ()
+    newer = table.version() - (-1 if version is None else version)
+    return _commits(table, newer) if newer > 0 else ()
 
 
 def _commits(table: Any, limit: int) -> tuple[Commit, ...]:

@@ -32,7 +32,7 @@ from streaming.lake.health import (
     table_health,
     vacuum_due,
 )
-from streaming.lake.lakelog import list_objects, read_table
+from streaming.lake.lakelog import commits_since, list_objects, read_table
 from streaming.lake.maintenance import Backoff, manual_tasks, partition_predicate
 from streaming.lake.metrics import MaintenanceMetrics
 
@@ -323,6 +323,11 @@ def test_health_and_metrics_from_a_synthetic_delta_log(tmp_path: Path) -> None:
     )
     assert (health.files, health.small_files, health.rows, len(health.partitions)) == (3, 2, 520, 2)
     assert (health.reclaimable_files, health.reclaimable_bytes) == (1, 777)
+    uri = settings.storage.table_uri("readings")
+    assert [c.version for c in commits_since(settings, uri, None)] == [1, 0]
+    assert [(c.version, c.operation) for c in commits_since(settings, uri, 0)] == [(1, "MERGE")]
+    assert commits_since(settings, uri, 1) == ()
+    assert commits_since(settings, settings.storage.table_uri("device_state"), None) == ()  # not created
 
     metrics = MaintenanceMetrics(registry=CollectorRegistry(), clock=lambda: NOW.timestamp())
     metrics.record_health(health, churn(log.commits))
