@@ -34,9 +34,14 @@ from stack.layout import HOME_ENV, default_cache
 from streaming.core.config import PROJECT_ROOT, Settings, load_settings, read_secrets_file
 from streaming.core.session import stop_session
 from tests.helpers import free_port_pair
+from tests.interrupt import install as sigterm_interrupts
 
 REUSE_ENV = "IOTLAKE_TEST_REUSE_STACK"
 REUSE_HOME = PROJECT_ROOT / "var" / "test-stack"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sigterm_interrupts()  # a `kill` of pytest stops the stack and the jobs tests started, as Ctrl-C does
 
 
 def _ports(layout: StackLayout, reuse: bool) -> tuple[int, int, int, int]:
