@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from stack.proc import pid_alive, tail
 from streaming.core.config import PROJECT_ROOT
 from tests.helpers import wait_for
 
@@ -41,23 +42,20 @@ def test_waits(background):
 '''
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def run_and_terminate(tmp_path: Path, plugins: list[str]) -> int:
     """The background process's pid, after SIGTERM to a pytest running CHILD_TEST and pytest's exit."""
     (tmp_path / "test_child.py").write_text(CHILD_TEST)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugins, "test_child.py"]
-    pytest_run = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = tmp_path / "pytest.log"
+    with log.open("w") as out:
+        pytest_run = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: (tmp_path / "started").exists(), timeout=60, message="the child test to start")
+        try:
+            wait_for(lambda: (tmp_path / "started").exists(), timeout=60, message="the child test to start")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{tail(log, 30)}") from None
         pytest_run.send_signal(signal.SIGTERM)
         pytest_run.wait(60)
     finally:
@@ -69,13 +67,13 @@ def run_and_terminate(tmp_path: Path, plugins: list[str]) -> int:
 
 def test_sigterm_to_pytest_tears_the_fixtures_down(tmp_path: Path) -> None:
     pid = run_and_terminate(tmp_path, ["-p", "tests.interrupt"])
-    wait_for(lambda: not alive(pid), timeout=10, message="the fixture's process to be stopped")
+    wait_for(lambda: not pid_alive(pid), timeout=10, message="the fixture's process to be stopped")
 
 
 def test_negative_control_without_the_plugin_the_process_outlives_pytest(tmp_path: Path) -> None:
     pid = run_and_terminate(tmp_path, [])
     try:
-        assert alive(pid), "without tests/interrupt.py a SIGTERM leaves the fixture's process running"
+        assert pid_alive(pid), "without tests/interrupt.py a SIGTERM leaves the fixture's process running"
     finally:
-        if alive(pid):
+        if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
