@@ -155,6 +155,7 @@ class IngestConfig:
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
     checkpoint_lease_ttl: str = "60 seconds"  # an s3a:// checkpoint's lock: a dead job's lease expires after this
+    warm_up: bool = True  # a synthetic batch into scratch tables before the (continuous) query starts
 
     @property
     def checkpoint_uri(self) -> str:

@@ -36,6 +36,7 @@ from streaming.pipeline.faults import Faults
 from streaming.pipeline.metrics import IngestMetrics
 from streaming.pipeline.rules import Rules
 from streaming.pipeline.tables import LakeTables, Txn, retry_on_conflict, txn_app_id
+from streaming.pipeline.warmup import warm_up
 
 log = logging.getLogger("iotlake.ingest")
 T = TypeVar("T")
@@ -68,8 +69,10 @@ class BatchWriter:
         metrics: IngestMetrics,
         faults: Faults | None = None,
         check_lock: Callable[[], None] = lambda: None,
+        label: str = "batch",  # how its log lines name a batch
     ) -> None:
         self.spark = spark
+        self.label = label
         self.check_lock = check_lock
         self.settings = settings
         self.tables = tables
@@ -235,7 +238,8 @@ class BatchWriter:
         m.last_batch.set(report.batch_id)
         self.reports.append(report)
         log.info(
-            "batch %d: %d messages %s, %d readings inserted, %d device states, %.1f s",
+            "%s %d: %d messages %s, %d readings inserted, %d device states, %.1f s",
+            self.label,
             report.batch_id,
             report.input_rows,
             report.by_action,
@@ -243,7 +247,9 @@ class BatchWriter:
             report.device_updates,
             report.seconds,
         )
-        log.info("batch %d steps: %s", report.batch_id, ", ".join(f"{k} {v:.1f} s" for k, v in report.steps.items()))
+        log.info(
+            "%s %d steps: %s", self.label, report.batch_id, ", ".join(f"{k} {v:.1f} s" for k, v in report.steps.items())
+        )
 
 
 class _ProgressListener(StreamingQueryListener):
@@ -350,6 +356,10 @@ def run(
         guard_checkpoint(settings, files)
         tables = LakeTables(spark, settings)
         tables.ensure(on_created=lambda name: faults.crash_if("after_create", name))
+        if settings.ingest.warm_up and not available_now:
+            warm_up(
+                spark, settings, lambda scratch, on: BatchWriter(spark, scratch, on, IngestMetrics(), label="warm-up")
+            )
         writer = BatchWriter(spark, settings, tables, metrics, faults, lock.check)
         try:
             query = start_query(spark, settings, writer, available_now)
