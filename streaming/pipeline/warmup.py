@@ -28,7 +28,7 @@ from streaming.pipeline.tables import LakeTables
 
 log = logging.getLogger("iotlake.warmup")
 
-MESSAGES = 200
+MESSAGES = 5000  # enough rows for the JIT to compile the batch's hot loops, not only to load its classes
 DEVICES = 20
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BatchBody = Callable[[DataFrame, int], None]  # a foreachBatch body: the job's BatchWriter
