@@ -24,6 +24,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from streaming.core.config import Settings
+from streaming.core.errors import first_line
 from streaming.pipeline.tables import LakeTables
 
 log = logging.getLogger("iotlake.warmup")
@@ -36,8 +37,13 @@ BatchBody = Callable[[DataFrame, int], None]  # a foreachBatch body: the job's B
 RAW_SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
 
 
-def messages(now: datetime, count: int = MESSAGES) -> list[tuple[bytes, bytes, str, int, int, datetime]]:
-    """Kafka rows of valid readings from DEVICES devices, one re-send and one malformed message (quarantine)."""
+def messages(
+    now: datetime, schema_version: int = 1, count: int = MESSAGES
+) -> list[tuple[bytes, bytes, str, int, int, datetime]]:
+    """Kafka rows of valid readings from DEVICES devices, one re-send and one malformed message (quarantine).
+
+    Their event times are the count milliseconds before now: inside any lateness and future-skew window.
+    """
     now_ms = round(now.timestamp() * 1000)
     rows: list[bytes] = []
     for i in range(count - 2):
@@ -47,8 +53,8 @@ def messages(now: datetime, count: int = MESSAGES) -> list[tuple[bytes, bytes, s
             "device_id": f"warmup-device-{device}",
             "parcel_id": f"warmup-parcel-{device % 4}",
             "seq": i,
-            "event_time": now_ms - (count - i) * 1000,
-            "schema_version": 1,
+            "event_time": now_ms - (count - i),
+            "schema_version": schema_version,
             "air_temperature_c": 20.0 + i % 10,
             "air_humidity_pct": 50.0,
             "soil_nitrogen_mg_kg": 30.0,
@@ -68,8 +74,14 @@ def scratch_settings(settings: Settings, root: Path) -> Settings:
     )
 
 
-def warm_up(spark: SparkSession, settings: Settings, writer: Callable[[Settings, LakeTables], BatchBody]) -> float:
-    """Run one batch of synthetic messages through writer(scratch settings, scratch tables); its wall seconds."""
+def warm_up(
+    spark: SparkSession, settings: Settings, writer: Callable[[Settings, LakeTables], BatchBody]
+) -> float | None:
+    """Run one batch of synthetic messages through writer(scratch settings, scratch tables); its wall seconds.
+
+    It only saves time, so a failure (a rule whose action is `fail` matching the malformed message, a full disk)
+    is logged and the job starts without it: None.
+    """
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="iotlake-warmup-"))
     context = spark.sparkContext
@@ -77,9 +89,13 @@ def warm_up(spark: SparkSession, settings: Settings, writer: Callable[[Settings,
         scratch = scratch_settings(settings, root)
         tables = LakeTables(spark, scratch)
         tables.ensure()
-        raw: DataFrame = spark.createDataFrame(messages(datetime.now(UTC)), RAW_SCHEMA)
+        version = settings.validation.schema_versions[0]
+        raw: DataFrame = spark.createDataFrame(messages(datetime.now(UTC), version), RAW_SCHEMA)
         context.setLocalProperty(QUERY_ID_PROPERTY, f"warmup-{int(time.time() * 1000)}")
         writer(scratch, tables)(raw, 0)
+    except Exception as e:  # an optimisation: the job starts without it
+        log.warning("warm-up batch failed, starting without it: %s", first_line(e))
+        return None
     finally:
         context.setLocalProperty(QUERY_ID_PROPERTY, None)  # type: ignore[arg-type]
         shutil.rmtree(root, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_the_messages_are_valid_readings_plus_one_resend_and_one_malformed() -> None:
-    rows = messages(datetime(2026, 12, 4, tzinfo=UTC))
+    now = datetime(2026, 12, 4, tzinfo=UTC)
+    rows = messages(now, schema_version=3)
     values = [value for _, value, *_ in rows]
     assert len(rows) == MESSAGES
     assert values[-2] == values[0]  # a re-send: the dedup path
@@ -37,6 +39,9 @@ def test_the_messages_are_valid_readings_plus_one_resend_and_one_malformed() -> 
     events = [json.loads(v) for v in values[:-2]]
     assert len({e["event_id"] for e in events}) == MESSAGES - 2
     assert len({e["device_id"] for e in events}) == DEVICES
+    assert {e["schema_version"] for e in events} == {3}  # the first version the config accepts
+    # Within seconds before now: inside any lateness window, never in the future.
+    assert 0 < now.timestamp() * 1000 - min(e["event_time"] for e in events) <= MESSAGES
 
 
 def test_scratch_settings_move_only_the_lake_and_the_checkpoint(local_settings: Settings, tmp_path: Path) -> None:
@@ -73,7 +78,7 @@ def test_warm_up_runs_the_writer_into_scratch_tables_and_leaves_nothing_behind(
 
     seconds = warm_up(spark, settings, writer)
 
-    assert seconds > 0
+    assert seconds is not None and seconds > 0
     # Every path of a batch ran: inserts (the re-send once), one state per device, the malformed one quarantined.
     assert seen["counts"] == {"readings": MESSAGES - 2, "device_state": DEVICES, "quarantine": 1}
     assert str(seen["query id"]).startswith("warmup-")
@@ -81,3 +86,20 @@ def test_warm_up_runs_the_writer_into_scratch_tables_and_leaves_nothing_behind(
     assert isinstance(root, Path) and not root.exists(), "the scratch tables and checkpoint are removed"
     assert spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY) is None
     assert not lake.exists(), "nothing is written to the job's own lake"
+
+
+def test_a_failed_warm_up_is_logged_and_the_job_starts_without_it(
+    spark: SparkSession, local_settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A rule with action `fail` matching the warm-up's malformed message fails its batch, as it would a real one.
+    settings = replace(
+        local_settings,
+        storage=replace(local_settings.storage, base_uri=f"file:{tmp_path / 'lake'}"),
+        validation=replace(local_settings.validation, actions={"malformed_json": "fail"}),
+    )
+    with caplog.at_level(logging.WARNING, logger="iotlake.warmup"):
+        result = warm_up(spark, settings, lambda scratch, tables: BatchWriter(spark, scratch, tables, IngestMetrics()))
+    assert result is None
+    assert "warm-up batch failed, starting without it" in caplog.text and "malformed_json" in caplog.text
+    assert spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY) is None
+    assert not (tmp_path / "lake").exists()
