@@ -36,7 +36,7 @@ from streaming.pipeline.faults import Faults
 from streaming.pipeline.metrics import IngestMetrics
 from streaming.pipeline.rules import Rules
 from streaming.pipeline.tables import LakeTables, Txn, retry_on_conflict, txn_app_id
-from streaming.pipeline.warmup import warm_up
+from streaming.pipeline.warmup import wants_warm_up, warm_up
 
 log = logging.getLogger("iotlake.ingest")
 T = TypeVar("T")
@@ -356,7 +356,7 @@ def run(
         guard_checkpoint(settings, files)
         tables = LakeTables(spark, settings)
         tables.ensure(on_created=lambda name: faults.crash_if("after_create", name))
-        if settings.ingest.warm_up and not available_now:
+        if wants_warm_up(settings, available_now):
             warm_up(
                 spark, settings, lambda scratch, on: BatchWriter(spark, scratch, on, IngestMetrics(), label="warm-up")
             )

@@ -66,6 +66,12 @@ def messages(
     return [(b"warmup", value, "warmup", i % 2, i, now) for i, value in enumerate(rows)]
 
 
+def wants_warm_up(settings: Settings, available_now: bool) -> bool:
+    """A continuous query on a local master. A backfill (available_now) gains nothing from it; on a cluster the
+    executors, whose JVMs would need it, can't read scratch tables on the driver's disk."""
+    return settings.ingest.warm_up and not available_now and settings.spark.master.startswith("local")
+
+
 def scratch_settings(settings: Settings, root: Path) -> Settings:
     """The same tables and rules, on local disk under root."""
     storage = replace(settings.storage, base_uri=f"file:{root / 'lake'}")

@@ -22,6 +22,7 @@ from streaming.pipeline.warmup import (
     BatchBody,
     messages,
     scratch_settings,
+    wants_warm_up,
     warm_up,
 )
 
@@ -42,6 +43,15 @@ def test_the_messages_are_valid_readings_plus_one_resend_and_one_malformed() -> 
     assert {e["schema_version"] for e in events} == {3}  # the first version the config accepts
     # Within seconds before now: inside any lateness window, never in the future.
     assert 0 < now.timestamp() * 1000 - min(e["event_time"] for e in events) <= MESSAGES
+
+
+def test_only_a_continuous_query_on_a_local_master_warms_up(local_settings: Settings) -> None:
+    assert wants_warm_up(local_settings, available_now=False)
+    assert not wants_warm_up(local_settings, available_now=True)
+    off = replace(local_settings, ingest=replace(local_settings.ingest, warm_up=False))
+    assert not wants_warm_up(off, available_now=False)
+    cluster = replace(local_settings, spark=replace(local_settings.spark, master="spark://127.0.0.1:7077"))
+    assert not wants_warm_up(cluster, available_now=False)
 
 
 def test_scratch_settings_move_only_the_lake_and_the_checkpoint(local_settings: Settings, tmp_path: Path) -> None:
