@@ -36,7 +36,7 @@ from streaming.pipeline.faults import Faults
 from streaming.pipeline.metrics import IngestMetrics
 from streaming.pipeline.rules import Rules
 from streaming.pipeline.tables import LakeTables, Txn, retry_on_conflict, txn_app_id
-from streaming.pipeline.warmup import wants_warm_up, warm_up
+from streaming.pipeline.warmup import QUERY_ID_PROPERTY, wants_warm_up, warm_up
 
 log = logging.getLogger("iotlake.ingest")
 T = TypeVar("T")
@@ -111,7 +111,7 @@ class BatchWriter:
 
     def _query_id(self) -> str:
         """The transaction ids' base: stable across restarts from one checkpoint, new when it is deleted."""
-        query_id = self.spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        query_id = self.spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:
             # A constant instead would make a reset checkpoint's batches 0, 1, ... look already committed.
             raise CheckpointError(

@@ -31,7 +31,7 @@ log = logging.getLogger("iotlake.warmup")
 
 MESSAGES = 5000  # enough rows for the JIT to compile the batch's hot loops, not only to load its classes
 DEVICES = 20
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"  # Spark sets it in a foreachBatch call: the query's id
 BatchBody = Callable[[DataFrame, int], None]  # a foreachBatch body: the job's BatchWriter
 
 RAW_SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
