@@ -66,8 +66,8 @@ JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
 JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 
 
-def check_java() -> None:
-    """Spark needs Java 17 or newer on PATH or in JAVA_HOME."""
+def check_java() -> str:
+    """Spark needs Java 17 or newer on PATH or in JAVA_HOME; the text `java -version` prints."""
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
     if not java or not os.path.exists(java):
@@ -76,9 +76,33 @@ def check_java() -> None:
             "install it (Debian: `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
         )
     try:
-        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30)
+        version = subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30, text=True)
     except (OSError, subprocess.SubprocessError) as e:
         raise JavaMissingError(f"`{java} -version` failed ({e}). Reinstall Java 17+ or point JAVA_HOME at it.") from e
+    return version.stderr + version.stdout
+
+
+# A class-data archive (Java's AppCDS) of the classes a driver loads from Spark's, Delta's and our jars, trained once by
+# `make install` (streaming.core.class_archive). A driver maps them from it instead of reading, parsing and verifying
+# them from some 300 jars: about 5 s less of every JVM's start and first batch here. It belongs to one JDK and one
+# class path, and a JVM whose JDK or class path differs warns once and loads its classes as before.
+ARCHIVE_OPTIONS = ("-XX:SharedArchiveFile=", "-XX:ArchiveClassesAtExit=")
+DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+def class_archive(settings: Settings, java_version: str, classpath: str) -> Path:
+    """Where the archive for this JDK and driver class path lives: beside the resolved jars, named by both."""
+    digest = hashlib.sha256(f"{java_version}\n{SPARK_VERSION}\n{classpath}".encode()).hexdigest()[:16]
+    return resolve_path(settings.spark.ivy_cache) / f"iotlake-classes-{digest}.jsa"
+
+
+def with_class_archive(conf: Mapping[str, str], archive: Path) -> dict[str, str]:
+    """`conf` with the driver mapping `archive`, when it exists; unchanged when the config (or the training that
+    writes it) names an archive itself, or when the path has a space (the options are split on spaces)."""
+    options = conf.get(DRIVER_OPTIONS, "")
+    if any(o in options for o in ARCHIVE_OPTIONS) or " " in str(archive) or not archive.is_file():
+        return dict(conf)
+    return {**conf, DRIVER_OPTIONS: f"{options} -XX:SharedArchiveFile={archive}".strip()}
 
 
 # Spark's default spark.redaction.regex: the names of settings that hold credentials.
@@ -130,7 +154,7 @@ def build_session(
     """
     from delta import configure_spark_with_delta_pip
 
-    check_java()
+    java_version = check_java()
     credentials = storage_credentials(settings)  # missing keys fail here, before the JVM starts
     running = _running_session(settings)
     if running is not None:  # built for the same storage, master and log store (the table-ops tests, in-process)
@@ -146,7 +170,9 @@ def build_session(
     preinstalled = uses_preinstalled_jars(settings)
     if preinstalled:  # the resolved jars and the log store go on the class path: nothing is sent to executors
         conf.update(preinstalled_classpath(settings, jar))
+        conf.update({k: v for k, v in (extra_conf or {}).items() if k in CLASSPATH_KEYS})  # extra wins, as above
         jars = [j for j in jars if j != str(jar)]
+        conf = with_class_archive(conf, class_archive(settings, java_version, conf[CLASSPATH_KEYS[0]]))
     submit: list[str] = []
     if jars:
         # spark-submit merges --jars with the resolved spark.jars.packages into spark.jars. A spark.jars set on
@@ -274,6 +300,9 @@ def artifact(jar: Path, ivy: bool = False) -> str:
     return name.split("_", 1)[1] if ivy else name
 
 
+CLASSPATH_KEYS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
+
+
 def preinstalled_classpath(settings: Settings, log_store_jar: Path | None) -> dict[str, str]:
     """Driver and executor class path from the resolved jars (spark.preinstalled_jars), for a cluster whose
     workers have them at the same paths: nothing is copied to the executors.
@@ -294,7 +323,7 @@ def preinstalled_classpath(settings: Settings, log_store_jar: Path | None) -> di
     if log_store_jar is not None:
         path.append(str(log_store_jar))
     classpath = os.pathsep.join(path)
-    return {"spark.driver.extraClassPath": classpath, "spark.executor.extraClassPath": classpath}
+    return dict.fromkeys(CLASSPATH_KEYS, classpath)
 
 
 def resolve_jars(settings: Settings) -> bool:

@@ -11,21 +11,25 @@ import pytest
 from pyspark.sql import SparkSession
 
 from bench.vacuum import tasks_since
+from streaming.core.class_archive import archive_for
 from streaming.core.config import Settings, load_settings
 from streaming.core.errors import ConfigError, CredentialsError, SessionError
 from streaming.core.session import (
+    DRIVER_OPTIONS,
     JIT_OPTIONS,
     SUBMIT_ARGS,
     _auth_properties,
     _submit_args,
     artifact,
     build_session,
+    class_archive,
     jars_marker,
     preinstalled_classpath,
     resolved_jars,
     session_conf,
     split_credentials,
     uses_preinstalled_jars,
+    with_class_archive,
 )
 from streaming.core.storage import storage_credentials
 
@@ -216,3 +220,35 @@ def test_a_vacuum_of_a_small_table_runs_a_few_hundred_tasks_not_a_hundred_thousa
     last_job = max(tracker.getJobIdsForGroup(None), default=-1)
     spark.sql(f"VACUUM delta.`{path}` RETAIN 168 HOURS")
     assert 0 < tasks_since(spark, last_job) < 1_000
+
+
+def test_the_class_archive_is_named_by_the_jdk_and_the_class_path(tmp_path: Path) -> None:
+    settings = load_settings(env={"IOTLAKE_SPARK__IVY_CACHE": str(tmp_path)})
+    one = class_archive(settings, 'openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar")
+    assert one.parent == tmp_path and one.suffix == ".jsa"
+    assert one == class_archive(settings, 'openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar")
+    assert one != class_archive(settings, 'openjdk version "17.0.16"', "/jars/a.jar:/jars/b.jar")
+    assert one != class_archive(settings, 'openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar:/jars/logstore.jar")
+
+
+def test_the_driver_maps_the_class_archive_only_when_it_exists_and_nothing_else_names_one(tmp_path: Path) -> None:
+    archive = tmp_path / "iotlake-classes-x.jsa"
+    conf = {DRIVER_OPTIONS: f"{JIT_OPTIONS} -Xss4m", "spark.executor.extraJavaOptions": JIT_OPTIONS}
+    assert with_class_archive(conf, archive) == conf  # not trained (yet)
+    archive.write_bytes(b"archive")
+    mapped = with_class_archive(conf, archive)
+    assert mapped[DRIVER_OPTIONS] == f"{JIT_OPTIONS} -Xss4m -XX:SharedArchiveFile={archive}"
+    assert mapped["spark.executor.extraJavaOptions"] == JIT_OPTIONS  # executors on a cluster have no such file
+    assert with_class_archive({}, archive) == {DRIVER_OPTIONS: f"-XX:SharedArchiveFile={archive}"}
+    for own in ("-XX:SharedArchiveFile=/opt/mine.jsa", f"-XX:ArchiveClassesAtExit={archive}"):  # config's, training
+        assert with_class_archive({DRIVER_OPTIONS: own}, archive) == {DRIVER_OPTIONS: own}
+    spaced = tmp_path / "a b.jsa"
+    spaced.write_bytes(b"archive")
+    assert with_class_archive(conf, spaced) == conf  # Spark splits the options on spaces
+
+
+def test_no_class_archive_is_trained_for_drivers_that_ship_their_jars() -> None:
+    cluster = load_settings(env={**KEYS, "IOTLAKE_SPARK__MASTER": "spark://127.0.0.1:7077"})
+    assert archive_for(cluster) is None
+    ivy = load_settings(env={**KEYS, "IOTLAKE_SPARK__PREINSTALLED_JARS": "false"})
+    assert archive_for(ivy) is None

@@ -537,10 +537,10 @@ def test_the_install_make_run_uses_builds_none_of_the_test_tools(monkeypatch: py
         cli.subprocess, "run", lambda argv, **kw: calls.append(argv[-1]) or subprocess.CompletedProcess(argv, 0)
     )
     assert cli.main(["install"]) == 0
-    assert calls == ["stack", "streaming.core.session"]
+    assert calls == ["stack", "streaming.core.session", "streaming.core.class_archive"]
     calls.clear()
     assert cli.main(["install", "--test-tools"]) == 0
-    assert calls == ["stack", "compose", "linter", "streaming.core.session"]
+    assert calls == ["stack", "compose", "linter", "streaming.core.session", "streaming.core.class_archive"]
 
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     recipes = dict(re.findall(r"^([a-z-]+):[^\n]*\n\t([^\n]*)", makefile, flags=re.M))

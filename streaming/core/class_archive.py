@@ -1,0 +1,133 @@
+"""Train the drivers' class-data archive (Java's AppCDS): `python -m streaming.core.class_archive`, by `make install`.
+
+A JVM started with `-XX:ArchiveClassesAtExit` writes every class it loaded into an archive when it exits; a later JVM
+with the same JDK and class path maps them from it (session.with_class_archive). This module starts such a JVM with
+the class path the config's jobs run with, has it do on local files what the job and the sidecar do (JSON parsing, a
+partitioned Delta table with deletion vectors, MERGE, a streaming query, OPTIMIZE ZORDER BY, VACUUM, history), and
+stops it. About 40 s, once per JDK and set of jars; nothing is trained for a cluster master, whose drivers ship their
+jars instead of a fixed class path.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from streaming.core.config import Settings, load_settings
+from streaming.core.errors import IotLakeError, SessionError
+from streaming.core.logstore import jar_path, needs_jar
+from streaming.core.session import (
+    CLASSPATH_KEYS,
+    DRIVER_OPTIONS,
+    JIT_OPTIONS,
+    build_session,
+    check_java,
+    class_archive,
+    preinstalled_classpath,
+    stop_session,
+    uses_preinstalled_jars,
+)
+
+
+def archive_for(settings: Settings) -> tuple[Path, str] | None:
+    """(the archive, the class path) for this config's drivers; None when they have no fixed class path."""
+    if not uses_preinstalled_jars(settings):
+        return None
+    classpath = preinstalled_classpath(settings, jar_path() if needs_jar(settings) else None)[CLASSPATH_KEYS[0]]
+    return class_archive(settings, check_java(), classpath), classpath
+
+
+def train(settings: Settings) -> tuple[Path | None, bool]:
+    """(the archive, True when trained now); (None, False) when this config's drivers have no fixed class path."""
+    found = archive_for(settings)
+    if found is None:
+        return None, False
+    archive, classpath = found
+    if archive.is_file():
+        return archive, False
+    with tempfile.TemporaryDirectory(prefix="iotlake-classes-") as work:
+        partial = Path(work) / archive.name
+        local = replace(
+            settings,
+            storage=replace(settings.storage, base_uri=f"file:{work}/lake"),  # no object store needed, nor keys
+            spark=replace(settings.spark, master="local[2]"),
+        )
+        extra = {
+            **dict.fromkeys(CLASSPATH_KEYS, classpath),  # the jobs' class path, log store included
+            # -Xlog: only errors of the dump, not a line per class it leaves out (signed jars, generated classes)
+            DRIVER_OPTIONS: f"{JIT_OPTIONS} -XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error",
+        }
+        spark = build_session(local, app_name="iotlake-class-archive", extra_conf=extra)
+        try:
+            _workload(spark, Path(work))
+        finally:
+            stop_session(spark)  # waits for the JVM to exit: it writes the archive on its way out
+        if not partial.is_file():
+            raise SessionError(f"the JVM wrote no class archive to {partial}; the JVM's output above says why")
+        for stale in archive.parent.glob("iotlake-classes-*.jsa"):
+            stale.unlink()  # another JDK's or jar set's: ~200 MB each
+        shutil.move(partial, archive)
+    return archive, True
+
+
+def _workload(spark: SparkSession, work: Path) -> None:
+    """What the job and the sidecar run, on small tables: the classes they load come from the archive later."""
+    table = f"delta.`{work}/readings`"
+    spark.sql(
+        f"CREATE TABLE {table} (event_id STRING, device_id STRING, event_time TIMESTAMP, value DOUBLE, "
+        "event_date DATE) USING delta PARTITIONED BY (event_date) "
+        "TBLPROPERTIES (delta.enableDeletionVectors = true, delta.checkpointInterval = 3)"
+    )
+    source = spark.sql(
+        "SELECT from_json(json, 'event_id STRING, device_id STRING, event_time TIMESTAMP, value DOUBLE') AS r "
+        "FROM (SELECT to_json(named_struct('event_id', cast(id AS STRING), 'device_id', concat('d', id % 20), "
+        "'event_time', timestamp_millis(1700000000000 + id * 1000), 'value', id / 3.0)) AS json FROM range(2000))"
+    ).selectExpr("r.*", "to_date(r.event_time) AS event_date")
+    source.createOrReplaceTempView("source")
+    spark.sql(
+        "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY device_id ORDER BY event_time DESC) AS n "
+        "FROM source) WHERE n = 1"
+    ).collect()
+    for _ in range(3):  # a few commits: the second MERGE updates, the third crosses the checkpoint interval
+        spark.sql(
+            f"MERGE INTO {table} t USING source s ON t.event_id = s.event_id AND t.event_date = s.event_date "
+            "WHEN MATCHED THEN UPDATE SET value = s.value + 1 WHEN NOT MATCHED THEN INSERT *"
+        )
+    spark.sql(f"DELETE FROM {table} WHERE device_id = 'd0'")
+    stream = (
+        spark.readStream.format("delta")
+        .load(f"{work}/readings")
+        .writeStream.format("delta")
+        .option("checkpointLocation", f"{work}/checkpoint")
+        .trigger(availableNow=True)
+        .start(f"{work}/copy")
+    )
+    stream.awaitTermination()
+    spark.sql(f"OPTIMIZE {table} ZORDER BY (device_id)")
+    spark.sql(f"VACUUM {table}")
+    spark.sql(f"DESCRIBE HISTORY {table}").collect()
+    spark.read.format("delta").load(f"{work}/copy").groupBy("device_id").count().collect()
+
+
+def main() -> int:
+    started = time.monotonic()
+    try:
+        archive, trained = train(load_settings())
+    except IotLakeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    if archive is None:
+        print("class archive: none (the drivers ship their jars: a cluster master, or spark.preinstalled_jars off)")
+    else:
+        print(f"class archive: {'trained' if trained else 'cached'} {archive} ({time.monotonic() - started:.1f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
