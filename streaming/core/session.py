@@ -84,16 +84,18 @@ def check_java() -> str:
 
 # A class-data archive (Java's AppCDS) of the classes a driver loads from Spark's, Delta's and our jars, trained once by
 # `make install` (streaming.core.class_archive). A driver maps them from it instead of reading, parsing and verifying
-# them from some 300 jars: about 5 s less of every JVM's start and first batch here. It belongs to one JDK and one
-# class path, and a JVM whose JDK or class path differs warns once and loads its classes as before.
+# them from some 300 jars: about 4 s less of every JVM's start here. It belongs to one JDK and one class path, pyspark's
+# own jars included, so it lives beside those (each virtualenv trains its own); a JVM whose JDK or class path differs
+# warns once and loads its classes as before.
 ARCHIVE_OPTIONS = ("-XX:SharedArchiveFile=", "-XX:ArchiveClassesAtExit=")
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+SPARK_HOME = Path(pyspark.__file__).resolve().parent
 
 
-def class_archive(settings: Settings, java_version: str, classpath: str) -> Path:
-    """Where the archive for this JDK and driver class path lives: beside the resolved jars, named by both."""
+def class_archive(java_version: str, classpath: str, home: Path = SPARK_HOME) -> Path:
+    """Where the archive for this JDK and driver class path lives: in pyspark's folder, named by both."""
     digest = hashlib.sha256(f"{java_version}\n{SPARK_VERSION}\n{classpath}".encode()).hexdigest()[:16]
-    return resolve_path(settings.spark.ivy_cache) / f"iotlake-classes-{digest}.jsa"
+    return home / f"iotlake-classes-{digest}.jsa"
 
 
 def with_class_archive(conf: Mapping[str, str], archive: Path) -> dict[str, str]:
@@ -172,7 +174,7 @@ def build_session(
         conf.update(preinstalled_classpath(settings, jar))
         conf.update({k: v for k, v in (extra_conf or {}).items() if k in CLASSPATH_KEYS})  # extra wins, as above
         jars = [j for j in jars if j != str(jar)]
-        conf = with_class_archive(conf, class_archive(settings, java_version, conf[CLASSPATH_KEYS[0]]))
+        conf = with_class_archive(conf, class_archive(java_version, conf[CLASSPATH_KEYS[0]]))
     submit: list[str] = []
     if jars:
         # spark-submit merges --jars with the resolved spark.jars.packages into spark.jars. A spark.jars set on
@@ -318,7 +320,7 @@ def preinstalled_classpath(settings: Settings, log_store_jar: Path | None) -> di
             "(or `python -m streaming.core.session`) on this host and on every worker, or set spark.preinstalled_jars "
             "to false to send the jars with the application."
         )
-    shipped = {artifact(p) for p in (Path(pyspark.__file__).resolve().parent / "jars").glob("*.jar")}
+    shipped = {artifact(p) for p in (SPARK_HOME / "jars").glob("*.jar")}
     path = [str(p) for p in jars if artifact(p, ivy=True) not in shipped]
     if log_store_jar is not None:
         path.append(str(log_store_jar))

@@ -7,6 +7,7 @@ import os
 import stat
 from pathlib import Path
 
+import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
@@ -223,12 +224,12 @@ def test_a_vacuum_of_a_small_table_runs_a_few_hundred_tasks_not_a_hundred_thousa
 
 
 def test_the_class_archive_is_named_by_the_jdk_and_the_class_path(tmp_path: Path) -> None:
-    settings = load_settings(env={"IOTLAKE_SPARK__IVY_CACHE": str(tmp_path)})
-    one = class_archive(settings, 'openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar")
+    one = class_archive('openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar", home=tmp_path)
     assert one.parent == tmp_path and one.suffix == ".jsa"
-    assert one == class_archive(settings, 'openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar")
-    assert one != class_archive(settings, 'openjdk version "17.0.16"', "/jars/a.jar:/jars/b.jar")
-    assert one != class_archive(settings, 'openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar:/jars/logstore.jar")
+    assert one == class_archive('openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar", home=tmp_path)
+    assert one != class_archive('openjdk version "17.0.16"', "/jars/a.jar:/jars/b.jar", home=tmp_path)
+    assert one != class_archive('openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar:/jars/log.jar", home=tmp_path)
+    assert class_archive("17", "/jars/a.jar").parent == Path(pyspark.__file__).resolve().parent  # beside its jars
 
 
 def test_the_driver_maps_the_class_archive_only_when_it_exists_and_nothing_else_names_one(tmp_path: Path) -> None:
