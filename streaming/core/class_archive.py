@@ -64,6 +64,7 @@ def train(settings: Settings) -> tuple[Path | None, bool]:
             DRIVER_OPTIONS: f"{JIT_OPTIONS} -XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error",
         }
         spark = build_session(local, app_name="iotlake-class-archive", extra_conf=extra)
+        spark.sparkContext.setLogLevel("ERROR")  # the workload's warnings are about its own throwaway table
         try:
             _workload(spark, Path(work))
         finally:
