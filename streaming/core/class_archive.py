@@ -2,15 +2,16 @@
 
 A JVM started with `-XX:ArchiveClassesAtExit` writes every class it loaded into an archive when it exits; a later JVM
 with the same JDK and class path maps them from it (session.with_class_archive). This module starts such a JVM with
-the class path the config's jobs run with, has it do on local files what the job and the sidecar do (JSON parsing, a
-partitioned Delta table with deletion vectors, MERGE, a streaming query, OPTIMIZE ZORDER BY, VACUUM), and stops it.
-About 50 s, once per virtualenv, JDK and set of jars; nothing is trained for a cluster master, whose drivers ship
-their jars instead of a fixed class path.
+the class path the config's jobs run with, has it do on local files what the job and the sidecar do with Spark and
+Delta (JSON parsing, a partitioned table with deletion vectors, MERGE, a streaming query, OPTIMIZE ZORDER BY, VACUUM),
+and stops it. The S3A client and the Kafka source are not in the workload: their classes load from the jars as
+before. About 50 s, once per virtualenv, JDK and set of jars; nothing is trained when the drivers ship their jars
+(a cluster master with spark.preinstalled_jars auto or false).
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 import sys
 import tempfile
 import time
@@ -34,6 +35,8 @@ from streaming.core.session import (
     uses_preinstalled_jars,
 )
 
+DUMP_TIMEOUT_S = 300  # writing ~200 MB on a busy 2-core machine took 12 s
+
 
 def archive_for(settings: Settings) -> tuple[Path, str] | None:
     """(the archive, the class path) for this config's drivers; None when they have no fixed class path."""
@@ -51,29 +54,38 @@ def train(settings: Settings) -> tuple[Path | None, bool]:
     archive, classpath = found
     if archive.is_file():
         return archive, False
-    with tempfile.TemporaryDirectory(prefix="iotlake-classes-") as work:
-        partial = Path(work) / archive.name
-        local = replace(
-            settings,
-            storage=replace(settings.storage, base_uri=f"file:{work}/lake"),  # no object store needed, nor keys
-            spark=replace(settings.spark, master="local[2]"),
-        )
-        extra = {
-            **dict.fromkeys(CLASSPATH_KEYS, classpath),  # the jobs' class path, log store included
-            # -Xlog: only errors of the dump, not a line per class it leaves out (signed jars, generated classes)
-            DRIVER_OPTIONS: f"{JIT_OPTIONS} -XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error",
-        }
-        spark = build_session(local, app_name="iotlake-class-archive", extra_conf=extra)
-        spark.sparkContext.setLogLevel("ERROR")  # the workload's warnings are about its own throwaway table
-        try:
-            _workload(spark, Path(work))
-        finally:
-            stop_session(spark)  # waits for the JVM to exit: it writes the archive on its way out
-        if not partial.is_file():
-            raise SessionError(f"the JVM wrote no class archive to {partial}; the JVM's output above says why")
-        for stale in archive.parent.glob("iotlake-classes-*.jsa"):
-            stale.unlink()  # for another JDK or jar set: ~200 MB each
-        shutil.move(partial, archive)
+    folder = archive.parent
+    if " " in str(folder):
+        raise SessionError(f"no class archive in {folder}: the JVM options can't carry a path with a space")
+    if not os.access(folder, os.W_OK):
+        raise SessionError(f"no class archive: {folder} (pyspark's folder in the virtualenv) is not writable")
+    partial = folder / f".{archive.name}.{os.getpid()}.partial"  # the JVM writes here; renamed once it has exited
+    try:
+        with tempfile.TemporaryDirectory(prefix="iotlake-classes-") as work:
+            local = replace(
+                settings,
+                storage=replace(settings.storage, base_uri=f"file:{work}/lake"),  # no object store needed, nor keys
+                spark=replace(settings.spark, master="local[2]"),
+            )
+            extra = {
+                **dict.fromkeys(CLASSPATH_KEYS, classpath),  # the jobs' class path, log store included
+                # -Xlog: only errors of the dump, not a line per class it leaves out (signed jars, generated classes)
+                DRIVER_OPTIONS: f"{JIT_OPTIONS} -XX:ArchiveClassesAtExit={partial} -Xlog:cds*=error",
+            }
+            spark = build_session(local, app_name="iotlake-class-archive", extra_conf=extra)
+            spark.sparkContext.setLogLevel("ERROR")  # the workload's warnings are about its own throwaway table
+            try:
+                _workload(spark, Path(work))
+            finally:
+                code = stop_session(spark, timeout=DUMP_TIMEOUT_S)  # the JVM writes the archive on its way out
+        if code != 0 or not partial.is_file():
+            raise SessionError(f"the training JVM exited {code} and wrote no complete class archive to {partial}")
+        os.replace(partial, archive)
+    finally:
+        partial.unlink(missing_ok=True)
+    for stale in folder.glob("iotlake-classes-*.jsa"):
+        if stale != archive:
+            stale.unlink(missing_ok=True)  # for another JDK or jar set: ~200 MB each
     return archive, True
 
 
@@ -113,9 +125,9 @@ def main() -> int:
     started = time.monotonic()
     try:
         archive, trained = train(load_settings())
-    except IotLakeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+    except Exception as e:  # an optimisation: any failure is one clear line, and the install goes on
+        print(f"class archive: not trained: {type(e).__name__}: {e}", file=sys.stderr)
+        return e.exit_code if isinstance(e, IotLakeError) else 1
     if archive is None:
         print("class archive: none (the drivers ship their jars: a cluster master, or spark.preinstalled_jars off)")
     else:

@@ -63,7 +63,8 @@ BASE_CONF: dict[str, str] = {
 # HotSpot never JIT-compiles a method over 8,000 bytes of bytecode unless told to; the validation's checks make one of
 # ~11.5 kB. Put in front of the config's own extraJavaOptions for the driver and the executors.
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
-JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+JAVA_OPTIONS_KEYS = (DRIVER_OPTIONS, "spark.executor.extraJavaOptions")
 
 
 def check_java() -> str:
@@ -84,23 +85,32 @@ def check_java() -> str:
 
 # A class-data archive (Java's AppCDS) of the classes a driver loads from Spark's, Delta's and our jars, trained once by
 # `make install` (streaming.core.class_archive). A driver maps them from it instead of reading, parsing and verifying
-# them from some 300 jars: about 4 s less of every JVM's start here. It belongs to one JDK and one class path, pyspark's
-# own jars included, so it lives beside those (each virtualenv trains its own); a JVM whose JDK or class path differs
-# warns once and loads its classes as before.
+# them from some 300 jars: about 4 s less of every JVM's start here. The JVM checks the whole class path against it
+# (every jar's path, size and time), pyspark's own jars included, so it lives in pyspark's folder (each virtualenv
+# trains its own) and its name covers the JDK and every jar: a changed jar or JDK means no archive until the next
+# `make install`, and an archive that doesn't match anyway makes the JVM warn once and load its classes as before.
 ARCHIVE_OPTIONS = ("-XX:SharedArchiveFile=", "-XX:ArchiveClassesAtExit=")
-DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 
 
 def class_archive(java_version: str, classpath: str, home: Path = SPARK_HOME) -> Path:
-    """Where the archive for this JDK and driver class path lives: in pyspark's folder, named by both."""
-    digest = hashlib.sha256(f"{java_version}\n{SPARK_VERSION}\n{classpath}".encode()).hexdigest()[:16]
-    return home / f"iotlake-classes-{digest}.jsa"
+    """Where the archive for this JDK and driver class path lives: in pyspark's folder, named by both, and by the
+    path, size and modification time of every jar on the class path (the driver's extra ones, then pyspark's)."""
+    jars = [Path(p) for p in classpath.split(os.pathsep) if p] + sorted((home / "jars").glob("*.jar"))
+    stamps = []
+    for jar in jars:
+        try:
+            stat = jar.stat()
+            stamps.append(f"{jar} {stat.st_size} {stat.st_mtime_ns}")
+        except OSError:
+            stamps.append(f"{jar} missing")
+    text = "\n".join([java_version, SPARK_VERSION, *stamps])
+    return home / f"iotlake-classes-{hashlib.sha256(text.encode()).hexdigest()[:16]}.jsa"
 
 
 def with_class_archive(conf: Mapping[str, str], archive: Path) -> dict[str, str]:
     """`conf` with the driver mapping `archive`, when it exists; unchanged when the config (or the training that
-    writes it) names an archive itself, or when the path has a space (the options are split on spaces)."""
+    writes it) names an archive itself, or when the path has a space (the training leaves such a path alone)."""
     options = conf.get(DRIVER_OPTIONS, "")
     if any(o in options for o in ARCHIVE_OPTIONS) or " " in str(archive) or not archive.is_file():
         return dict(conf)
@@ -218,21 +228,24 @@ def _running_session(settings: Settings) -> SparkSession | None:
     return SparkSession.builder.getOrCreate()
 
 
-def stop_session(spark: SparkSession) -> None:
+def stop_session(spark: SparkSession, timeout: float = 60) -> int | None:
     """Stop the session and the JVM it runs in, so that the next build_session launches a JVM with its own jars
-    and properties: a JVM outlives its stopped context and keeps the launch conf it started with."""
+    and properties: a JVM outlives its stopped context and keeps the launch conf it started with. The JVM's exit
+    code, or None when this process did not launch it."""
     spark.stop()
     gateway = SparkContext._gateway
     SparkContext._gateway = None
     SparkContext._jvm = None
     if gateway is None:
-        return
+        return None
     gateway.shutdown()
     proc = getattr(gateway, "proc", None)  # pyspark's launch_gateway: the JVM exits when its stdin closes
-    if proc is not None:
-        if proc.stdin:
-            proc.stdin.close()
-        proc.wait(timeout=60)
+    if proc is None:
+        return None
+    if proc.stdin:
+        proc.stdin.close()
+    code: int = proc.wait(timeout=timeout)
+    return code
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ from stack.addresses import free_port
 from stack.layout import StackLayout
 from streaming.core.config import PROJECT_ROOT, Settings, load_settings
 from streaming.core.prometheus import scrape
+from streaming.pipeline import warmup
 from tests.helpers import wait_for
 from tests.integration.lake import assert_tables_match
 
@@ -306,6 +307,8 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(scraped: Scraped, stack
     procs["ingest"].terminate()
     assert procs["ingest"].wait(120) == 0, scraped.tails()
     assert ingest["iot_ingest_query_up"] == 1
+    # The job started as `make run` starts it: with the warm-up batch first (the other tests' jobs skip it).
+    assert f"warm-up batch of {warmup.MESSAGES} messages into scratch tables" in scraped.logs["ingest"].read_text()
     # The stream kept committing while the sidecar cycled (a 2-second trigger; ten cycles take far longer).
     assert batches - batches_before >= 8, (batches_before, batches)
     assert maintain.get("iot_maintenance_files_compacted_total", 0.0) > 0, "the sidecar never compacted"

@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from bench.vacuum import tasks_since
+from streaming.core import class_archive as class_archive_module
 from streaming.core.class_archive import archive_for
 from streaming.core.config import Settings, load_settings
 from streaming.core.errors import ConfigError, CredentialsError, SessionError
@@ -223,13 +224,23 @@ def test_a_vacuum_of_a_small_table_runs_a_few_hundred_tasks_not_a_hundred_thousa
     assert 0 < tasks_since(spark, last_job) < 1_000
 
 
-def test_the_class_archive_is_named_by_the_jdk_and_the_class_path(tmp_path: Path) -> None:
-    one = class_archive('openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar", home=tmp_path)
+def test_the_class_archive_is_named_by_the_jdk_and_every_jar_on_the_class_path(tmp_path: Path) -> None:
+    (tmp_path / "jars").mkdir()
+    (tmp_path / "jars" / "spark-core.jar").write_bytes(b"spark")
+    ours = tmp_path / "delta.jar"
+    ours.write_bytes(b"delta")
+    one = class_archive('openjdk version "17.0.15"', str(ours), home=tmp_path)
     assert one.parent == tmp_path and one.suffix == ".jsa"
-    assert one == class_archive('openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar", home=tmp_path)
-    assert one != class_archive('openjdk version "17.0.16"', "/jars/a.jar:/jars/b.jar", home=tmp_path)
-    assert one != class_archive('openjdk version "17.0.15"', "/jars/a.jar:/jars/b.jar:/jars/log.jar", home=tmp_path)
-    assert class_archive("17", "/jars/a.jar").parent == Path(pyspark.__file__).resolve().parent  # beside its jars
+    assert one == class_archive('openjdk version "17.0.15"', str(ours), home=tmp_path)
+    assert one != class_archive('openjdk version "17.0.16"', str(ours), home=tmp_path)
+    assert one != class_archive('openjdk version "17.0.15"', f"{ours}:{tmp_path}/log.jar", home=tmp_path)
+    ours.write_bytes(b"delta, rebuilt")  # a jar fetched or built again: the JVM would refuse the old archive
+    assert one != class_archive('openjdk version "17.0.15"', str(ours), home=tmp_path)
+    (tmp_path / "jars" / "extra.jar").write_bytes(b"x")  # pyspark's own jars are on the JVM's class path too
+    assert class_archive('openjdk version "17.0.15"', str(ours), home=tmp_path) != class_archive(
+        'openjdk version "17.0.15"', str(ours), home=tmp_path / "other"
+    )
+    assert class_archive("17", "/jars/a.jar").parent == Path(pyspark.__file__).resolve().parent
 
 
 def test_the_driver_maps_the_class_archive_only_when_it_exists_and_nothing_else_names_one(tmp_path: Path) -> None:
@@ -253,3 +264,34 @@ def test_no_class_archive_is_trained_for_drivers_that_ship_their_jars() -> None:
     assert archive_for(cluster) is None
     ivy = load_settings(env={**KEYS, "IOTLAKE_SPARK__PREINSTALLED_JARS": "false"})
     assert archive_for(ivy) is None
+
+
+def test_a_trained_archive_is_reused_and_an_unusable_folder_is_refused_before_any_jvm_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = load_settings(env=KEYS)
+    trained = tmp_path / "iotlake-classes-0123.jsa"
+    trained.write_bytes(b"archive")
+    monkeypatch.setattr(class_archive_module, "archive_for", lambda s: (trained, "/jars/a.jar"))
+    monkeypatch.setattr(class_archive_module, "build_session", lambda *a, **k: pytest.fail("a JVM was started"))
+    assert class_archive_module.train(settings) == (trained, False)
+    spaced = tmp_path / "a b" / "iotlake-classes-0123.jsa"
+    spaced.parent.mkdir()
+    monkeypatch.setattr(class_archive_module, "archive_for", lambda s: (spaced, "/jars/a.jar"))
+    with pytest.raises(SessionError, match="a path with a space"):
+        class_archive_module.train(settings)
+
+
+def test_a_failed_training_is_one_line_and_an_exit_code(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(settings: Settings) -> None:
+        raise PermissionError(13, "Permission denied", "/venv/pyspark/.iotlake-classes.partial")
+
+    monkeypatch.setattr(class_archive_module, "train", broken)
+    assert class_archive_module.main() == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "class archive: not trained: PermissionError: [Errno 13] Permission denied: "
+        "'/venv/pyspark/.iotlake-classes.partial'"
+    ]
