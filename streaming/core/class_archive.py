@@ -6,7 +6,7 @@ the class path the config's jobs run with, has it do on local files what the job
 Delta (JSON parsing, a partitioned table with deletion vectors, MERGE, a streaming query, OPTIMIZE ZORDER BY, VACUUM),
 and stops it. The S3A client and the Kafka source are not in the workload: their classes load from the jars as
 before. About 50 s, once per virtualenv, JDK and set of jars; nothing is trained when the drivers ship their jars
-(a cluster master with spark.preinstalled_jars auto or false).
+(spark.preinstalled_jars false, or auto with a cluster master).
 """
 
 from __future__ import annotations
