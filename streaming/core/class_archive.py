@@ -126,7 +126,7 @@ def main() -> int:
     try:
         archive, trained = train(load_settings())
     except Exception as e:  # an optimisation: any failure is one clear line, and the install goes on
-        print(f"class archive: not trained: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"class archive: not trained ({type(e).__name__}: {e}); the jobs run without it", file=sys.stderr)
         return e.exit_code if isinstance(e, IotLakeError) else 1
     if archive is None:
         print("class archive: none (the drivers ship their jars: a cluster master, or spark.preinstalled_jars off)")
