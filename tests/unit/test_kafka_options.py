@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient
 from streaming.core import preflight
 from streaming.core.config import KafkaConfig, Settings
 from streaming.core.errors import ConfigError, CredentialsError, ServiceUnreachableError
+from streaming.pipeline.ingest import source_options
 
 pytestmark = pytest.mark.unit
 
@@ -276,3 +277,14 @@ def test_spark_refusing_the_credentials_is_explained() -> None:
     )
     assert isinstance(error, CredentialsError)
     assert "kafka.sasl.jaas.config" in str(error) and "Invalid username or password" in str(error)
+
+
+def test_the_spark_source_fetches_without_kafkas_half_second_wait_unless_the_config_says_otherwise() -> None:
+    """At the end of the log, Kafka's default fetch.max.wait.ms (500 ms) delayed every task of a live batch; the
+    source's default is 10 ms, and the config's kafka.options still override it and every other option."""
+    settings = Settings()
+    assert source_options(settings)["kafka.fetch.max.wait.ms"] == "10"
+    assert source_options(settings)["subscribe"] == settings.kafka.topic
+    mine = {"kafka.fetch.max.wait.ms": "250", "kafka.security.protocol": "SSL", "includeHeaders": "true"}
+    options = source_options(Settings(kafka=KafkaConfig(options=mine)))
+    assert {k: options[k] for k in mine} == mine
