@@ -65,6 +65,7 @@ BASE_CONF: dict[str, str] = {
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 JAVA_OPTIONS_KEYS = (DRIVER_OPTIONS, "spark.executor.extraJavaOptions")
+CLASSPATH_KEYS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 
 
 def check_java() -> str:
@@ -313,9 +314,6 @@ def artifact(jar: Path, ivy: bool = False) -> str:
     for Ivy's `com.fasterxml.jackson.core_jackson-core-2.13.5.jar` and for pyspark's `jackson-core-2.18.2.jar`."""
     name = re.sub(r"-\d+(\.\d+)*([.-][A-Za-z0-9]+)*\.jar$", "", jar.name)
     return name.split("_", 1)[1] if ivy else name
-
-
-CLASSPATH_KEYS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 
 
 def preinstalled_classpath(settings: Settings, log_store_jar: Path | None) -> dict[str, str]:

@@ -294,6 +294,7 @@ def source_options(settings: Settings) -> dict[str, str]:
 
 
 def kafka_stream(spark: SparkSession, settings: Settings) -> DataFrame:
+    """The topic as a streaming DataFrame (the job's, and the benchmark floor's, so both read it alike)."""
     return spark.readStream.format("kafka").options(**source_options(settings)).load()
 
 
