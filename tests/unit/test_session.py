@@ -209,6 +209,13 @@ def test_the_running_session_is_reused_for_settings_it_was_built_for(
     assert build_session(local_settings, app_name="the-same-settings") is spark
 
 
+def test_queries_post_the_simple_plan_description_unless_the_config_asks_for_another() -> None:
+    """Spark's default "formatted" plan description cost a tiny batch about 6% (the README's benchmark section)."""
+    key = "spark.sql.ui.explainMode"
+    assert session_conf(load_settings(env=KEYS))[key] == "simple"
+    assert session_conf(load_settings(env={**KEYS, f"IOTLAKE_SPARK__CONF__{key}": "formatted"}))[key] == "formatted"
+
+
 def test_a_vacuum_of_a_small_table_runs_a_few_hundred_tasks_not_a_hundred_thousand(
     spark: SparkSession, tmp_path: Path
 ) -> None:
