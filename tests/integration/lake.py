@@ -60,6 +60,15 @@ def simulate(settings: Settings, out: Path, *flags: str, count: int = 20_000, se
     return json.loads(summary.read_text())
 
 
+def trigger_cap(settings: Settings, messages: int, batches: int) -> str:
+    """The maxOffsetsPerTrigger that reads `messages` in exactly `batches` batches.
+
+    Spark splits the cap over the partitions by their backlog and floors each share, so a batch can read up to one
+    message per partition less than the cap: an exact multiple (6,000 at 2,000) leaves a few for one batch more.
+    """
+    return str(-(-messages // batches) + settings.kafka.partitions)
+
+
 def ingest(spark: SparkSession, env: Mapping[str, str]) -> list[BatchReport]:
     """`iotlake ingest --available-now` in this process on the tests' shared session (no JVM start, a warm JIT).
 

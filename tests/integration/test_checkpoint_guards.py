@@ -25,6 +25,7 @@ from tests.integration.lake import (
     start_ingest,
     stop_job,
     table_version,
+    trigger_cap,
 )
 from tests.integration.test_pipeline import FAULTS
 
@@ -37,7 +38,7 @@ def test_an_older_copy_of_the_checkpoint_is_refused_and_nothing_is_written(
     spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     summary = simulate(settings, tmp_path, *FAULTS, count=6_000)
-    env = {**test_env, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "1500"}  # batches 0..4
+    env = {**test_env, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": trigger_cap(settings, 6_000, batches=4)}
     checkpoint = Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"])
     # Batches 0 and 1 committed, batch 2 in the tables and planned (offsets/2) but not committed.
     crashed = run_ingest({**env, "IOTLAKE_TEST_CRASH": "after_batch:2"})

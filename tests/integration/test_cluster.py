@@ -18,7 +18,7 @@ from stack import StackLayout, proc, spark_cluster, status, up
 from stack import secrets as sec
 from streaming.core.config import Settings, load_settings, read_secrets_file
 from tests.helpers import free_port_pair, wait_for
-from tests.integration.lake import assert_tables_match, explain, run_ingest, simulate
+from tests.integration.lake import assert_tables_match, explain, run_ingest, simulate, trigger_cap
 from tests.integration.test_pipeline import FAULTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,7 +60,7 @@ def test_ingest_on_a_standalone_cluster_gives_the_exact_counts(
     assert before["spark-master"]["state"] == before["spark-worker"]["state"] == "running"
 
     summary = simulate(settings, tmp_path, *FAULTS, count=8_000)
-    result = run_ingest({**env, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "4000"})
+    result = run_ingest({**env, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": trigger_cap(settings, 8_000, batches=2)})
     assert result.returncode == 0, explain(result)
     assert_tables_match(settings, stack_secrets, summary)
 

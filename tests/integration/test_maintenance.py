@@ -22,7 +22,7 @@ from streaming.lake.maintenance import Maintainer
 from streaming.lake.metrics import MaintenanceMetrics
 from streaming.pipeline.schema import READINGS_COLUMNS
 from streaming.pipeline.tables import LakeTables
-from tests.integration.lake import assert_tables_match, explain, ingest, reader_options, simulate
+from tests.integration.lake import assert_tables_match, explain, ingest, reader_options, simulate, trigger_cap
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -162,7 +162,7 @@ def test_liquid_clustered_readings_are_ingested_and_clustered_by_the_sidecar(
         "IOTLAKE_TABLES__READINGS__PARTITION_BY": "[]",
         "IOTLAKE_TABLES__READINGS__ZORDER_BY": "[]",
         "IOTLAKE_TABLES__READINGS__CLUSTER_BY": "[device_id]",
-        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "500",  # several MERGEs: several small files
+        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": trigger_cap(settings, 4_000, batches=8),  # several small files
         "IOTLAKE_MAINTENANCE__MIN_SMALL_FILES": "2",
         "IOTLAKE_MAINTENANCE__OPEN_PARTITION_MIN_SMALL_FILES": "4",  # a clustered table is always "open"
     }

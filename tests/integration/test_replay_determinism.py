@@ -11,7 +11,15 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from streaming.core.config import Settings, load_settings
-from tests.integration.lake import assert_tables_match, explain, ingest, read_table, run_ingest, simulate
+from tests.integration.lake import (
+    assert_tables_match,
+    explain,
+    ingest,
+    read_table,
+    run_ingest,
+    simulate,
+    trigger_cap,
+)
 from tests.integration.test_pipeline import FAULTS
 from tests.unit.test_batch import EXTREME_TIMES, encode, event
 
@@ -23,10 +31,13 @@ def test_cross_batch_duplicates_are_stored_once_in_any_timezone(
     zone: str, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
     """The job under a non-UTC TZ (the session stays UTC): re-sent events in later batches are still found."""
-    summary = simulate(settings, tmp_path, "--duplicate-rate", "0.1", count=6_000)  # three batches
+    summary = simulate(settings, tmp_path, "--duplicate-rate", "0.1", count=6_000)
     assert summary["duplicates"] > 400
-    result = run_ingest({**test_env, "TZ": zone, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "2000"})
+    cap = trigger_cap(settings, 6_000, batches=3)
+    result = run_ingest({**test_env, "TZ": zone, "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": cap})
     assert result.returncode == 0, explain(result)
+    commits = Path(test_env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"]) / "commits"
+    assert sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) == [0, 1, 2]
     assert_tables_match(settings, stack_secrets, summary)
 
 
