@@ -15,7 +15,6 @@ import math
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -59,8 +58,6 @@ class Scraped:
     summary: Path  # the simulator's summary JSON, written when it stops
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
-    # The sidecar's cycles and the stream's batches when the sidecar first measured readings (watch_first_measure)
-    first_measure: tuple[float, float] | None = None
 
     def tails(self) -> str:
         return "\n".join(f"--- {name} log\n{_tail(path)}" for name, path in self.logs.items())
@@ -108,17 +105,6 @@ def panel_targets() -> list[Any]:
 def _undefined_metrics(expr: str) -> list[str]:
     """The metrics a panel query reads that no metrics module defines."""
     return sorted(build.metric_names(expr) - {"up"} - build.defined_metric_names())
-
-
-def watch_first_measure(scraped: Scraped, stop: threading.Event) -> None:
-    """Record scraped.first_measure as soon as the sidecar has measured readings (cycles before it saw no table,
-    and compacted nothing). Runs beside the panel tests, so the ten cycles counted from it overlap their wait."""
-    while not stop.wait(0.5):
-        sidecar = _scrape(scraped.ports["maintain"])
-        if "iot_table_version{table=readings}" in sidecar:
-            batches = _scrape(scraped.ports["ingest"]).get("iot_ingest_batches_total", 0.0)
-            scraped.first_measure = (sidecar.get("iot_maintenance_cycles_total", 0.0), batches)
-            return
 
 
 def _start(name: str, argv: list[str], env: dict[str, str], logs: Path, scraped: Scraped) -> None:
@@ -174,8 +160,6 @@ def scraped(
         "prometheus": [str(prom.address(settings))],
     }
     prom.write_targets(stack_layout, targets)
-    stop = threading.Event()
-    watcher = threading.Thread(target=watch_first_measure, args=(scraped, stop), daemon=True)
     try:
         _start("ingest", [sys.executable, "-m", "streaming.cli", "ingest"], env, work, scraped)
         sim_argv = [
@@ -188,10 +172,8 @@ def scraped(
         ]  # fmt: skip
         _start("sensor-sim", sim_argv, env, work, scraped)
         _start("maintain", [sys.executable, "-m", "streaming.cli", "maintain"], env, work, scraped)
-        watcher.start()
         yield scraped
     finally:
-        stop.set()
         for process in scraped.processes.values():
             if process.poll() is None:
                 process.terminate()
@@ -295,18 +277,21 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(scraped: Scraped, stack
         return _scrape(port).get(name, 0.0) >= target
 
     try:
-        # Ten cycles from the one in which the sidecar first measured readings (counted while the panel tests ran).
-        def measured_readings() -> tuple[float, float] | None:
+        # Count ten cycles from a point where the sidecar has measured readings (cycles before it saw no table
+        # compact nothing).
+        def measured_readings() -> bool:
             alive()
-            return scraped.first_measure
+            return "iot_table_version{table=readings}" in _scrape(maintain_port)
 
-        first, batches_before = wait_for(measured_readings, 900, 1.0, "the sidecar to measure readings")
+        wait_for(measured_readings, 900, 1.0, "the sidecar to measure readings")
         # The sidecar and its JVM run at maintenance.niceness, below the stream: a compaction takes the CPU the
         # stream leaves.
         sidecar, stream = psutil.Process(procs["maintain"].pid), psutil.Process(procs["ingest"].pid)
         base = os.getpriority(os.PRIO_PROCESS, 0)
         assert {p.nice() for p in [sidecar, *sidecar.children(recursive=True)]} == {settings.maintenance.niceness}
         assert {p.nice() for p in [stream, *stream.children(recursive=True)]} == {base}
+        first = _scrape(maintain_port).get("iot_maintenance_cycles_total", 0.0)
+        batches_before = _scrape(ingest_port).get("iot_ingest_batches_total", 0.0)
         wait_for(lambda: reached(maintain_port, "iot_maintenance_cycles_total", first + 10), 1200, 1.0, "ten cycles")
         batches = _scrape(ingest_port)["iot_ingest_batches_total"]
         simulator = procs["sensor-sim"]
