@@ -23,6 +23,7 @@ from stack import secrets as stack_secrets
 from streaming.core.config import Settings, load_settings
 from streaming.core.preflight import minio_client
 from streaming.core.storage import delta_rs_uri, delta_storage_options
+from streaming.lake.status import committed_offsets
 from streaming.pipeline.faults import CRASH_ENV, Faults
 from streaming.pipeline.ingest import BatchReport, run
 
@@ -67,6 +68,19 @@ def trigger_cap(settings: Settings, messages: int, batches: int) -> str:
     message per partition less than the cap: an exact multiple (6,000 at 2,000) leaves a few for one batch more.
     """
     return str(-(-messages // batches) + settings.kafka.partitions)
+
+
+def batch_ids(checkpoint: Path, folder: str = "commits") -> list[int]:
+    """The batch ids in a local checkpoint's folder, in order (commits: committed; offsets: planned)."""
+    return sorted(int(p.name) for p in (checkpoint / folder).glob("*") if p.name.isdigit())
+
+
+def committed_offsets_sum(checkpoint: Path, topic: str) -> int:
+    """The sum of the Kafka offsets the last committed batch covers (0 before the first)."""
+    committed = batch_ids(checkpoint)
+    if not committed:
+        return 0
+    return sum(committed_offsets((checkpoint / "offsets" / str(committed[-1])).read_text(), topic).values())
 
 
 def ingest(spark: SparkSession, env: Mapping[str, str]) -> list[BatchReport]:

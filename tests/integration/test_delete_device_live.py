@@ -30,9 +30,8 @@ from stack import proc
 from streaming.core.config import Settings
 from streaming.core.storage import delta_rs_uri
 from streaming.lake.ops import TableOps
-from streaming.lake.status import committed_offsets
 from tests.helpers import wait_for
-from tests.integration.lake import reader_options, simulate
+from tests.integration.lake import committed_offsets_sum, reader_options, simulate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -78,14 +77,6 @@ def history(settings: Settings, secrets: dict[str, str], table: str) -> list[dic
 def is_stream_commit(commit: dict[str, Any]) -> bool:
     """A commit of `iotlake ingest` (the CLI's own commits carry an `iotlake ...` userMetadata)."""
     return commit["operation"] in ("MERGE", "WRITE") and "iotlake" not in (commit.get("userMetadata") or "")
-
-
-def committed(location: Path, topic: str) -> int:
-    """The sum of the Kafka offsets the stream's last committed batch covers (0 before the first)."""
-    commits = [int(p.name) for p in (location / "commits").glob("*") if p.name.isdigit()]
-    if not commits:
-        return 0
-    return sum(committed_offsets((location / "offsets" / str(max(commits))).read_text(), topic).values())
 
 
 def stop(job: subprocess.Popen[bytes]) -> None:
@@ -135,7 +126,7 @@ def test_delete_device_while_the_stream_commits(
 
         def caught_up() -> bool:
             alive()
-            return committed(location, settings.kafka.topic) >= first["sent_total"]
+            return committed_offsets_sum(location, settings.kafka.topic) >= first["sent_total"]
 
         waited(caught_up, 900, "the stream to ingest the first run")
         versions_before = {t: history(settings, stack_secrets, t)[0]["version"] for t in TABLES}

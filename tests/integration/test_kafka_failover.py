@@ -19,9 +19,8 @@ from stack import StackLayout, kafka, proc
 from stack.install import install
 from stack.layout import default_cache
 from streaming.core.config import Settings, load_settings
-from streaming.lake.status import committed_offsets
 from tests.helpers import free_port, free_port_pair, wait_for
-from tests.integration.lake import assert_tables_match, simulate
+from tests.integration.lake import assert_tables_match, batch_ids, committed_offsets_sum, simulate
 from tests.integration.test_pipeline import FAULTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -56,11 +55,7 @@ def leaders(settings: Settings) -> dict[int, int]:
 
 def checkpoint(location: Path, topic: str) -> tuple[int, int]:
     """(how many batches are committed, the sum of the Kafka offsets the last one covers)."""
-    commits = [int(p.name) for p in (location / "commits").glob("*") if p.name.isdigit()]
-    if not commits:
-        return 0, 0
-    offsets = committed_offsets((location / "offsets" / str(max(commits))).read_text(), topic)
-    return len(commits), sum(offsets.values())
+    return len(batch_ids(location)), committed_offsets_sum(location, topic)
 
 
 def combined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
