@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -55,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, list[tuple[float, int]]] = {SPARK_DEFAULT: [], ours: []}
     with tempfile.TemporaryDirectory(prefix="iotlake-bench-vacuum-") as work:
         settings = load_settings()
-        settings = replace(settings, storage=replace(settings.storage, base_uri=f"file:{work}"))
+        settings = settings.on_local_files(work)
         spark = build_session(settings, app_name="iotlake-bench-vacuum")
         try:
             path = f"{work}/table"

@@ -13,7 +13,6 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -61,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     load = report.machine()["loadavg_at_start"]
     settings = load_settings()
-    settings = replace(settings, storage=replace(settings.storage, base_uri="file:/tmp/iotlake-bench-validate"))
+    settings = settings.on_local_files("/tmp/iotlake-bench-validate")
     spark = build_session(settings, app_name="iotlake-bench-validate")
     now_ms = time.time_ns() // 1_000_000
     options = SimOptions(

@@ -62,11 +62,7 @@ def train(settings: Settings) -> tuple[Path | None, bool]:
     partial = folder / f".{archive.name}.{os.getpid()}.partial"  # the JVM writes here; renamed once it has exited
     try:
         with tempfile.TemporaryDirectory(prefix="iotlake-classes-") as work:
-            local = replace(
-                settings,
-                storage=replace(settings.storage, base_uri=f"file:{work}/lake"),  # no object store needed, nor keys
-                spark=replace(settings.spark, master="local[2]"),
-            )
+            local = replace(settings.on_local_files(f"{work}/lake"), spark=replace(settings.spark, master="local[2]"))
             extra = {
                 **dict.fromkeys(CLASSPATH_KEYS, classpath),  # the jobs' class path, log store included
                 # -Xlog: only errors of the dump, not a line per class it leaves out (signed jars, generated classes)

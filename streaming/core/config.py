@@ -308,6 +308,10 @@ class Settings:
     def to_json(self) -> str:
         return json.dumps(self.masked(), indent=2, sort_keys=True)
 
+    def on_local_files(self, root: str | Path) -> Settings:
+        """The same settings with the tables under a local folder (`file:<root>`): no object store, no keys."""
+        return replace(self, storage=replace(self.storage, base_uri=f"file:{root}"))
+
 
 def _plain(obj: Any) -> Any:
     if is_dataclass(obj) and not isinstance(obj, type):

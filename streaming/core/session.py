@@ -350,8 +350,7 @@ def resolve_jars(settings: Settings) -> bool:
         return False
     ivy = resolve_path(settings.spark.ivy_cache).resolve()
     local = replace(
-        settings,
-        storage=replace(settings.storage, base_uri="file:/tmp/iotlake-resolve"),
+        settings.on_local_files("/tmp/iotlake-resolve"),
         spark=replace(settings.spark, master="local[1]", preinstalled_jars="false"),
     )
     spark = build_session(local, app_name="iotlake-resolve-jars")

@@ -74,10 +74,8 @@ def wants_warm_up(settings: Settings, available_now: bool) -> bool:
 
 def scratch_settings(settings: Settings, root: Path) -> Settings:
     """The same tables and rules, on local disk under root."""
-    storage = replace(settings.storage, base_uri=f"file:{root / 'lake'}")
-    return replace(
-        settings, storage=storage, ingest=replace(settings.ingest, checkpoint_location=str(root / "checkpoint"))
-    )
+    local = settings.on_local_files(root / "lake")
+    return replace(local, ingest=replace(settings.ingest, checkpoint_location=str(root / "checkpoint")))
 
 
 def warm_up(

@@ -24,6 +24,15 @@ def test_defaults_load_from_committed_yaml() -> None:
     assert s.validation.ranges["air_temperature_c"].max == 70
 
 
+def test_settings_on_local_files_move_only_the_tables(tmp_path: Path) -> None:
+    s = load_settings(env={"IOTLAKE_KAFKA__TOPIC": "t1"})
+    local = s.on_local_files(tmp_path / "lake")
+    assert s.storage.is_s3 and not local.storage.is_s3
+    assert local.storage.table_uri("readings").startswith(f"file:{tmp_path / 'lake'}")
+    assert local.kafka == s.kafka and local.spark == s.spark and local.tables == s.tables
+    assert local.storage.endpoint == s.storage.endpoint and local.storage.log_store == s.storage.log_store
+
+
 def test_env_overrides_nested_keys_and_parse_scalars() -> None:
     s = load_settings(
         env={

@@ -7,14 +7,13 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streaming.core.config import PROJECT_ROOT, MaintenanceConfig, Settings, load_settings
+from streaming.core.config import PROJECT_ROOT, MaintenanceConfig, load_settings
 from streaming.core.errors import ConfigError, VacuumRefusedError, is_conflict
 from streaming.lake.health import (
     UNPARTITIONED,
@@ -305,7 +304,7 @@ def test_health_and_metrics_from_a_synthetic_delta_log(tmp_path: Path) -> None:
     old = (NOW_MS - 30 * 86400_000) / 1000
     os.utime(orphan, (old, old))
 
-    settings = replace(load_settings(env={}), storage=replace(Settings().storage, base_uri=f"file:{tmp_path}"))
+    settings = load_settings(env={}).on_local_files(tmp_path)
     log = read_table(settings, settings.storage.table_uri("readings"), history=100, retention_s=7 * 86400)
     assert log is not None and log.version == 1
     assert log.vacuumable == ("event_date=2026-11-28/orphan.parquet",)  # untracked and 30 days old

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ class ConcurrentAppendException(Exception):
 @pytest.fixture
 def lake(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> LakeTables:
     """d1 on two dates, d2 on those and a third; quarantine rows keyed and carrying devices in every mix."""
-    settings = replace(local_settings, storage=replace(local_settings.storage, base_uri=f"file:{tmp_path}"))
+    settings = local_settings.on_local_files(tmp_path)
     tables = LakeTables(spark, settings)
     tables.ensure()
     d1 = [event(event_id=f"d1-{i}", device_id="d1", seq=i, event_time=NOW_MS - 1000 - (i % 2) * DAY_MS) for i in (1, 2)]

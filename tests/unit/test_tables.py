@@ -29,7 +29,7 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def tables(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> LakeTables:
-    settings = replace(local_settings, storage=replace(local_settings.storage, base_uri=f"file:{tmp_path}"))
+    settings = local_settings.on_local_files(tmp_path)
     lake = LakeTables(spark, settings)
     lake.ensure()
     return lake

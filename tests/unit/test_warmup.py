@@ -65,7 +65,7 @@ def test_warm_up_runs_the_writer_into_scratch_tables_and_leaves_nothing_behind(
     spark: SparkSession, local_settings: Settings, tmp_path: Path
 ) -> None:
     lake = tmp_path / "lake"
-    settings = replace(local_settings, storage=replace(local_settings.storage, base_uri=f"file:{lake}"))
+    settings = local_settings.on_local_files(lake)
     seen: dict[str, object] = {}
 
     def writer(scratch: Settings, tables: LakeTables) -> BatchBody:
@@ -103,8 +103,7 @@ def test_a_failed_warm_up_is_logged_and_the_job_starts_without_it(
 ) -> None:
     # A rule with action `fail` matching the warm-up's malformed message fails its batch, as it would a real one.
     settings = replace(
-        local_settings,
-        storage=replace(local_settings.storage, base_uri=f"file:{tmp_path / 'lake'}"),
+        local_settings.on_local_files(tmp_path / "lake"),
         validation=replace(local_settings.validation, actions={"malformed_json": "fail"}),
     )
     with caplog.at_level(logging.WARNING, logger="iotlake.warmup"):
