@@ -765,6 +765,13 @@ def _volume_holding(svc: Mapping[str, Any], path: str) -> dict[str, Any] | None:
     return None
 
 
+def test_maintain_gets_a_smaller_cpu_share_than_ingest(services: dict[str, dict[str, Any]]) -> None:
+    """Each container is a CPU group of its own, so the sidecar's nice orders only its own processes: its
+    container's share is what keeps a compaction from taking the stream's CPU (1024 is the default share)."""
+    maintain, ingest = services["maintain"], services["ingest"]
+    assert int(maintain.get("cpu_shares", 1024)) * 4 <= int(ingest.get("cpu_shares", 1024))
+
+
 def test_maintain_reads_the_ingest_checkpoint_read_only(services: dict[str, dict[str, Any]]) -> None:
     """The sidecar's VACUUM guard reads the stream's checkpoint: the same path on the same volume, read-only."""
     ingest, maintain = services["ingest"], services["maintain"]

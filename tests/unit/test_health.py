@@ -390,6 +390,37 @@ def test_the_sidecar_lowers_its_priority_to_the_configured_niceness_and_never_ra
     assert niceness_after(base, 0) == f"{base} {base}"
 
 
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def _group_niceness_after(asked: int, new_session: bool) -> int:
+    """The scheduling group's nice (Linux autogroup) of a child that lowered its priority to `asked`."""
+    script = (
+        "import sys\n"
+        "from streaming.lake.maintenance import lower_priority\n"
+        "lower_priority(int(sys.argv[1]))\n"
+        "print(open('/proc/self/autogroup').read().rsplit('nice', 1)[1].strip())\n"
+    )
+    argv = [sys.executable, "-c", script, str(asked)]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, check=True, cwd=PROJECT_ROOT, start_new_session=new_session
+    )
+    return int(done.stdout.strip())
+
+
+@pytest.mark.skipif(not AUTOGROUP.exists(), reason="this kernel has no autogroups (CONFIG_SCHED_AUTOGROUP)")
+def test_a_sidecar_leading_its_own_session_lowers_its_scheduling_group_too() -> None:
+    """With autogroups, Linux shares the CPU between sessions first and uses nice only inside one: a sidecar in
+    a session of its own (as `make run`, the supervisor and the benchmark start it) at nice 10 took half the CPU
+    from a stream in another session. Leading its session, it lowers the session's group; otherwise it leaves the
+    group, which it shares with whatever started it, alone."""
+    parent = int(AUTOGROUP.read_text().rsplit("nice", 1)[1])
+    assert parent < 10
+    assert _group_niceness_after(10, new_session=True) == 10
+    assert _group_niceness_after(0, new_session=True) == 0
+    assert _group_niceness_after(10, new_session=False) == parent
+
+
 def test_cluster_by_cannot_be_combined_with_partitioning(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("tables:\n  readings: {partition_by: [event_date], cluster_by: [device_id]}\n")
