@@ -454,7 +454,10 @@ def lower_priority(niceness: int, autogroup: Path = AUTOGROUP) -> None:
     except (OSError, ValueError, IndexError):
         return  # no autogroups here: nice alone decides
     if niceness > group:
-        autogroup.write_text(f"{niceness}\n")
+        try:
+            autogroup.write_text(f"{niceness}\n")
+        except OSError as e:  # e.g. a read-only /proc: the sidecar runs, at its own nice only
+            log.warning("could not lower this session's scheduling group to nice %d (%s)", niceness, e)
 
 
 def session(settings: Settings) -> SparkSession:
