@@ -433,7 +433,7 @@ def manual_tasks(health: TableHealth, partition: date | None) -> list[Compaction
 AUTOGROUP = Path("/proc/self/autogroup")
 
 
-def lower_priority(niceness: int, autogroup: Path = AUTOGROUP) -> None:
+def lower_priority(niceness: int) -> None:
     """Run this process, and the JVM it starts next, at least `niceness` below normal priority (never raised).
 
     The sidecar shares the machine with the stream: when both want the CPU, the kernel's scheduler then gives
@@ -450,12 +450,12 @@ def lower_priority(niceness: int, autogroup: Path = AUTOGROUP) -> None:
     if os.getsid(0) != os.getpid():
         return
     try:
-        group = int(autogroup.read_text().rsplit("nice", 1)[1])
+        group = int(AUTOGROUP.read_text().rsplit("nice", 1)[1])
     except (OSError, ValueError, IndexError):
         return  # no autogroups here: nice alone decides
     if niceness > group:
         try:
-            autogroup.write_text(f"{niceness}\n")
+            AUTOGROUP.write_text(f"{niceness}\n")
         except OSError as e:  # e.g. a read-only /proc: the sidecar runs, at its own nice only
             log.warning("could not lower this session's scheduling group to nice %d (%s)", niceness, e)
 

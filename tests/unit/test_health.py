@@ -32,7 +32,7 @@ from streaming.lake.health import (
     vacuum_due,
 )
 from streaming.lake.lakelog import commits_since, list_objects, read_table
-from streaming.lake.maintenance import Backoff, manual_tasks, partition_predicate
+from streaming.lake.maintenance import AUTOGROUP, Backoff, manual_tasks, partition_predicate
 from streaming.lake.metrics import MaintenanceMetrics
 
 pytestmark = pytest.mark.unit
@@ -388,9 +388,6 @@ def test_the_sidecar_lowers_its_priority_to_the_configured_niceness_and_never_ra
     assert niceness_after(base, 10) == "10 10"
     assert niceness_after(19, 10) == "19 19"
     assert niceness_after(base, 0) == f"{base} {base}"
-
-
-AUTOGROUP = Path("/proc/self/autogroup")
 
 
 def _group_niceness_after(asked: int, new_session: bool) -> int:

@@ -392,6 +392,7 @@ def test_spawn_logs_after_a_banner_and_stop_child_reaches_the_whole_group(tmp_pa
     assert text.startswith("earlier run\n\n=== ") and " starting child\n" in text, text
     grandchild = int(text.split()[-1])
     assert os.getpgid(grandchild) == child.pid
+    assert os.getsid(child.pid) == child.pid  # it leads its session: the sidecar then lowers its scheduling group
     assert proc.stop_child(child, timeout=10) == -signal.SIGTERM
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and proc.pid_alive(grandchild):
