@@ -429,8 +429,18 @@ def manual_tasks(health: TableHealth, partition: date | None) -> list[Compaction
     return tasks
 
 
-# Linux's scheduling group of this process's session: "/autogroup-<n> nice <k>" (absent without autogroups).
+# Linux's scheduling group of this process's session: "/autogroup-<n> nice <k>". Absent without autogroups, and
+# empty for a process in no autogroup of its own: one whose sessions all began in the kernel's default group
+# (e.g. a container's or a CI runner's processes that never called setsid), which nice orders against the rest.
 AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def group_niceness(text: str) -> int | None:
+    """The nice of an autogroup from its `/proc/<pid>/autogroup` text; None when the process is in none."""
+    try:
+        return int(text.rsplit(" nice ", 1)[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def lower_priority(niceness: int) -> None:
@@ -450,8 +460,10 @@ def lower_priority(niceness: int) -> None:
     if os.getsid(0) != os.getpid():
         return
     try:
-        group = int(AUTOGROUP.read_text().rsplit("nice", 1)[1])
-    except (OSError, ValueError, IndexError):
+        group = group_niceness(AUTOGROUP.read_text())
+    except OSError:
+        group = None
+    if group is None:
         return  # no autogroups here: nice alone decides
     if niceness > group:
         try:
