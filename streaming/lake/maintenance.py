@@ -430,8 +430,8 @@ def manual_tasks(health: TableHealth, partition: date | None) -> list[Compaction
 
 
 # Linux's scheduling group of this process's session: "/autogroup-<n> nice <k>". Absent without autogroups, and
-# empty for a process in no autogroup of its own: one whose sessions all began in the kernel's default group
-# (e.g. a container's or a CI runner's processes that never called setsid), which nice orders against the rest.
+# empty in the kernel's default group, where a process stays until it or an ancestor calls setsid (as a CI
+# runner's processes may never do); nice alone orders a process there.
 AUTOGROUP = Path("/proc/self/autogroup")
 
 
