@@ -23,10 +23,11 @@ from streaming.core.config import Settings, resolve_path
 from streaming.core.errors import ConfigError, JavaMissingError, SessionError
 from streaming.core.logstore import ensure_jar, log_store_conf, needs_jar
 from streaming.core.storage import storage_conf, storage_credentials
-from streaming.core.versions import HADOOP_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION
+from streaming.core.versions import HADOOP_VERSION, KAFKA_CLIENTS_VERSION, SCALA_BINARY_VERSION, SPARK_VERSION
 
 EXTRA_PACKAGES = (
     f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}:{SPARK_VERSION}",
+    f"org.apache.kafka:kafka-clients:{KAFKA_CLIENTS_VERSION}",  # wins over the connector's 3.9.2 in Ivy's resolution
     f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",
 )
 

@@ -12,6 +12,9 @@ SCALA_BINARY_VERSION = "2.13"
 HADOOP_VERSION = "3.5.0"
 
 KAFKA_VERSION = "4.2.0"
+# The Kafka client under Spark's Kafka source, newer than the 3.9.2 its connector asks for: 4.3.1 and later fix
+# KAFKA-20673, an admin client's offset lookup that waits a minute for a broker that left the cluster.
+KAFKA_CLIENTS_VERSION = "4.3.2"
 # Kafka 4.2.0 itself depends on log4j-core 2.25.3 and logs through SLF4J 1.7.36, so the binding is the
 # SLF4J 1.x one (log4j-slf4j-impl); log4j-slf4j2-impl would find no SLF4J 2 API and stay silent.
 LOG4J2_VERSION = "2.25.3"

@@ -1,5 +1,6 @@
 """A two-node Kafka (KRaft on loopback: node 1 broker + controller, node 2 broker only), a topic with
-replication factor 2, and the streaming job surviving the SIGKILL of one broker with exact counts."""
+replication factor 2, and the streaming job surviving the SIGKILL of one broker with exact counts; and the Kafka
+source's offset lookup finding the new leader right after that kill."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
+from py4j.protocol import Py4JJavaError
+from pyspark.sql import SparkSession
 
 from stack import StackLayout, kafka, proc
 from stack.install import install
@@ -51,6 +55,14 @@ def leaders(settings: Settings) -> dict[int, int]:
     admin = kafka.admin_client(settings.kafka.bootstrap_servers)
     topic = admin.list_topics(topic=settings.kafka.topic, timeout=5).topics[settings.kafka.topic]
     return {p.id: p.leader for p in topic.partitions.values()}
+
+
+def kill_node(layout: StackLayout, node: int) -> None:
+    """SIGKILL one Kafka node's process group and wait until it is gone."""
+    pid = proc.read_pid(kafka.node_service(layout, node))
+    assert pid is not None
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: not proc.pid_alive(pid), timeout=10, message=f"node {node} gone")
 
 
 def checkpoint(location: Path, topic: str) -> tuple[int, int]:
@@ -121,12 +133,7 @@ def test_ingest_survives_losing_one_of_two_brokers(
         assert job.poll() is None, f"the job exited {job.returncode}\n{job_log()}"
         batches_at_kill = checkpoint(location, settings.kafka.topic)[0]
 
-        # SIGKILL the broker-only node mid-stream; node 1 (and the quorum) stays.
-        node2 = kafka.node_service(layout, 2)
-        pid = proc.read_pid(node2)
-        assert pid is not None
-        os.killpg(pid, signal.SIGKILL)
-        wait_for(lambda: not proc.pid_alive(pid), timeout=10, message="node 2 gone")
+        kill_node(layout, 2)  # the broker-only node, mid-stream; node 1 (and the quorum) stays
 
         # Keep producing while the cluster moves node 2's partitions to node 1.
         second = simulate(settings, tmp_path, *FAULTS, count=4_000, seed=8)
@@ -149,3 +156,41 @@ def test_ingest_survives_losing_one_of_two_brokers(
                 job.wait(timeout=10)
 
     assert_tables_match(settings, stack_secrets, expected)
+
+
+def test_an_offset_lookup_right_after_a_broker_dies_finds_the_new_leader(
+    two_brokers: tuple[dict[str, str], StackLayout], spark: SparkSession
+) -> None:
+    """The Kafka source's driver asks an admin client for the partitions' offsets before every batch. Asked just
+    after a leader died, Kafka's clients up to 4.3.0 kept sending the call to that broker id, and once the broker
+    had left the cluster waited for it until `default.api.timeout.ms` (60 s): KAFKA-20673. The admin client here
+    runs in the tests' Spark driver, from the same kafka-clients jar the job's Kafka source uses."""
+    env, layout = two_brokers
+    settings = load_settings(env=env)
+    kafka.ensure_topic(settings)
+    assert 2 in leaders(settings).values(), "node 2 leads no partition: killing it would prove nothing"
+
+    jvm = spark.sparkContext._jvm
+    admin_pkg = jvm.org.apache.kafka.clients.admin
+    props = jvm.java.util.Properties()
+    props.setProperty("bootstrap.servers", settings.kafka.bootstrap_servers)
+    props.setProperty("default.api.timeout.ms", "60000")  # Kafka's default, which Spark's source keeps
+    admin = admin_pkg.AdminClient.create(props)
+    latest = jvm.java.util.HashMap()
+    for partition in range(settings.kafka.partitions):
+        latest.put(
+            jvm.org.apache.kafka.common.TopicPartition(settings.kafka.topic, partition), admin_pkg.OffsetSpec.latest()
+        )
+    seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
+    try:
+        assert admin.listOffsets(latest).all().get(30, seconds).size() == settings.kafka.partitions
+        kill_node(layout, 2)
+        began = time.monotonic()
+        try:
+            offsets = admin.listOffsets(latest).all().get(30, seconds)
+        except Py4JJavaError as e:
+            pytest.fail(f"no offsets {time.monotonic() - began:.0f} s after node 2 died: {e.java_exception}")
+        assert offsets.size() == settings.kafka.partitions
+        assert set(leaders(settings).values()) == {1}
+    finally:
+        admin.close(jvm.java.time.Duration.ofSeconds(5))
