@@ -35,7 +35,7 @@ from streaming.pipeline.checkpoint import CheckpointLock, check_not_older, read_
 from streaming.pipeline.faults import Faults
 from streaming.pipeline.metrics import IngestMetrics
 from streaming.pipeline.rules import Rules
-from streaming.pipeline.tables import LakeTables, Txn, retry_on_conflict, txn_app_id
+from streaming.pipeline.tables import LakeTables, MergeResult, Txn, retry_on_conflict, txn_app_id
 from streaming.pipeline.warmup import QUERY_ID_PROPERTY, wants_warm_up, warm_up
 
 log = logging.getLogger("iotlake.ingest")
@@ -141,7 +141,8 @@ class BatchWriter:
         started: float,
         steps: dict[str, float],
     ) -> BatchReport:
-        """Quarantine append in a second thread, beside the readings and device_state MERGEs.
+        """The readings MERGE first, alone: its commit is what makes a reading queryable. Then the device_state
+        MERGE, with the quarantine append beside it in a second thread.
 
         The append carries its transaction id as writer options, the MERGEs as session settings, so the
         two don't interfere; either failing fails the batch, which then replays.
@@ -162,13 +163,18 @@ class BatchWriter:
             steps["quarantine_append"] = time.monotonic() - began
 
         side = InheritableThread(target=append_quarantine, name=f"quarantine-{info.batch_id}")
-        if stats.by_action.get("quarantine"):
-            side.start()
         inserted = device_updates = 0
+        readings = batch.readings(validated, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            if stats.kept:
-                inserted, device_updates = self._merge(validated, stats, info, txn, steps)
+            merged = self._merge_readings(readings, stats, txn, steps) if stats.kept else None
+            self.faults.crash_if("after_readings", info.batch_id)
+            if stats.by_action.get("quarantine"):
+                side.start()
+            if merged is not None:
+                inserted = merged.inserted
+                device_updates = self._merge_device_state(readings, txn, steps)
         finally:
+            readings.unpersist()
             if side.is_alive():
                 side.join()
         if quarantine_error:
@@ -184,41 +190,35 @@ class BatchWriter:
             steps,
         )
 
-    def _merge(
-        self,
-        validated: DataFrame,
-        stats: batch.BatchStats,
-        info: batch.BatchInfo,
-        txn: Callable[[str], Txn | None],
-        steps: dict[str, float],
-    ) -> tuple[int, int]:
-        rows = batch.readings(validated, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
-            ranges = batch.time_ranges(stats.buckets)
-            began = time.monotonic()
-            merged = self._retry(
-                lambda: self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), evolve), "readings"
-            )
-            steps["readings_merge"] = time.monotonic() - began
-            self.faults.crash_if("after_readings", info.batch_id)
-            began = time.monotonic()
-            latest = batch.latest_per_device(rows)
-            state = self._retry(
-                lambda: self.tables.upsert_device_state(latest, txn("device_state"), evolve), "device_state"
-            )
-            steps["device_state_merge"] = time.monotonic() - began
-        finally:
-            rows.unpersist()
+    def _merge_readings(
+        self, rows: DataFrame, stats: batch.BatchStats, txn: Callable[[str], Txn | None], steps: dict[str, float]
+    ) -> MergeResult:
+        evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
+        ranges = batch.time_ranges(stats.buckets)
+        began = time.monotonic()
+        merged = self._retry(
+            lambda: self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), evolve), "readings"
+        )
+        steps["readings_merge"] = time.monotonic() - began
         m = self.metrics
         m.merged.labels("readings", "inserted").inc(merged.inserted)
-        m.merged.labels("device_state", "inserted").inc(state.inserted)
-        m.merged.labels("device_state", "updated").inc(state.updated)
         m.duplicates.inc(max(stats.kept - merged.inserted, 0) if not merged.skipped else 0)
         if stats.newest_event_ms is not None:
             self.newest_event = max(self.newest_event, stats.newest_event_ms / 1000)
             m.set_newest_event(self.newest_event)
-        return merged.inserted, state.inserted + state.updated
+        return merged
+
+    def _merge_device_state(self, rows: DataFrame, txn: Callable[[str], Txn | None], steps: dict[str, float]) -> int:
+        evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
+        began = time.monotonic()
+        latest = batch.latest_per_device(rows)
+        state = self._retry(
+            lambda: self.tables.upsert_device_state(latest, txn("device_state"), evolve), "device_state"
+        )
+        steps["device_state_merge"] = time.monotonic() - began
+        self.metrics.merged.labels("device_state", "inserted").inc(state.inserted)
+        self.metrics.merged.labels("device_state", "updated").inc(state.updated)
+        return state.inserted + state.updated
 
     def _retry(self, write: Callable[[], T], table: str) -> T:
         """A table write that survives losing a conflict to the maintenance sidecar (counted per table)."""

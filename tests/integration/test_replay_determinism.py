@@ -56,6 +56,7 @@ def test_a_batch_replayed_days_later_decides_as_its_first_attempt(
     assert crashed.returncode == -signal.SIGKILL, explain(crashed)
     assert read_table(settings, "readings", stack_secrets), "the crash came before the readings commit"
     assert not read_table(settings, "device_state", stack_secrets), "the crash came after the device_state commit"
+    assert not read_table(settings, "quarantine", stack_secrets), "the quarantine append began before readings' commit"
 
     ingest(spark, {**env, "IOTLAKE_TEST_CLOCK_SHIFT": "8 days"})  # the killed job's successor
     assert_tables_match(settings, stack_secrets, summary)
