@@ -193,11 +193,10 @@ class BatchWriter:
     def _merge_readings(
         self, rows: DataFrame, stats: batch.BatchStats, txn: Callable[[str], Txn | None], steps: dict[str, float]
     ) -> MergeResult:
-        evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
         ranges = batch.time_ranges(stats.buckets)
         began = time.monotonic()
         merged = self._retry(
-            lambda: self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), evolve), "readings"
+            lambda: self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), self._evolving), "readings"
         )
         steps["readings_merge"] = time.monotonic() - began
         m = self.metrics
@@ -209,16 +208,20 @@ class BatchWriter:
         return merged
 
     def _merge_device_state(self, rows: DataFrame, txn: Callable[[str], Txn | None], steps: dict[str, float]) -> int:
-        evolve = self.rules.allow_new_fields and bool(self.rules.extra_columns)
         began = time.monotonic()
         latest = batch.latest_per_device(rows)
         state = self._retry(
-            lambda: self.tables.upsert_device_state(latest, txn("device_state"), evolve), "device_state"
+            lambda: self.tables.upsert_device_state(latest, txn("device_state"), self._evolving), "device_state"
         )
         steps["device_state_merge"] = time.monotonic() - began
         self.metrics.merged.labels("device_state", "inserted").inc(state.inserted)
         self.metrics.merged.labels("device_state", "updated").inc(state.updated)
         return state.inserted + state.updated
+
+    @property
+    def _evolving(self) -> bool:
+        """Whether the MERGEs may add columns: evolution is on and has added some."""
+        return self.rules.allow_new_fields and bool(self.rules.extra_columns)
 
     def _retry(self, write: Callable[[], T], table: str) -> T:
         """A table write that survives losing a conflict to the maintenance sidecar (counted per table)."""
