@@ -29,7 +29,7 @@ from streaming.core.logstore import check_writers_safe
 from streaming.core.preflight import check_kafka, check_storage
 from streaming.core.session import build_session
 from streaming.core.storage import delta_storage_options
-from streaming.pipeline import batch
+from streaming.pipeline import batch, kafka_batch
 from streaming.pipeline.batch_clock import BatchClocks
 from streaming.pipeline.checkpoint import CheckpointLock, check_not_older, read_state, txn_versions
 from streaming.pipeline.faults import Faults
@@ -87,6 +87,12 @@ class BatchWriter:
         started = time.monotonic()
         self.check_lock()  # a job that lost its checkpoint lease writes nothing more
         query_id = self._query_id()
+        planned = kafka_batch.planned_messages(raw)
+        if planned == 0:  # no job, clock or commit: its replay is as empty
+            self._record(BatchReport(batch_id, 0, {}, {}, 0, 0, time.monotonic() - started, {}))
+            self.faults.crash_if("after_batch", batch_id)
+            return
+        raw = kafka_batch.one_partition_if_small(raw, planned)
         info = batch.BatchInfo(batch_id, self.clocks.for_batch(batch_id))
         steps: dict[str, float] = {}
         validated = batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
