@@ -256,9 +256,9 @@ class BatchWriter:
             report.device_updates,
             report.seconds,
         )
-        log.info(
-            "%s %d steps: %s", self.label, report.batch_id, ", ".join(f"{k} {v:.1f} s" for k, v in report.steps.items())
-        )
+        if report.steps:
+            steps = ", ".join(f"{k} {v:.1f} s" for k, v in report.steps.items())
+            log.info("%s %d steps: %s", self.label, report.batch_id, steps)
 
 
 class _ProgressListener(StreamingQueryListener):
