@@ -101,6 +101,7 @@ class TableHealth:
     reclaimable_files: int
     reclaimable_bytes: int
     commits_last_interval: int
+    oldest_object_ms: int | None = None  # the oldest object under the table, the log's included
 
     @property
     def files(self) -> int:
@@ -228,6 +229,7 @@ def table_health(
         reclaimable_files=files_reclaimable,
         reclaimable_bytes=bytes_reclaimable,
         commits_last_interval=sum(1 for c in commits if c.timestamp_ms >= since),
+        oldest_object_ms=min((o.modified_ms for o in objects), default=None),
     )
 
 
@@ -292,6 +294,16 @@ def vacuum_due(last_vacuum_ms: int | None, now_ms: int, vacuum_interval_s: float
     return last_vacuum_ms is None or now_ms - last_vacuum_ms >= vacuum_interval_s * 1000
 
 
+def vacuum_could_delete(oldest_object_ms: int | None, now_ms: int, retention_s: float) -> bool:
+    """Whether a VACUUM with this retention could delete any file of the table.
+
+    VACUUM deletes only files last modified before now - retention (Delta's VacuumCommand filters the listing on
+    modificationTime), so under a table whose every object is younger, a table younger than its retention, it
+    deletes nothing and its Spark jobs are wasted. Unknown (no listing) counts as could.
+    """
+    return oldest_object_ms is None or oldest_object_ms < now_ms - retention_s * 1000
+
+
 @dataclass(frozen=True)
 class StreamProgress:
     """What the VACUUM guard knows of the stream: messages between its committed offsets and the topic's end,
@@ -320,20 +332,20 @@ def check_vacuum_retention(
         raise VacuumRefusedError(f"VACUUM {table}: retention must be > 0, got {retention_s:g} s.")
     if retention_s < table_retention_s:
         raise VacuumRefusedError(
-            f"VACUUM {table}: retention {_human(retention_s)} is below the table's deleted-file retention "
-            f"({_human(table_retention_s)}), Delta's safety check. Readers and time travel within that window "
+            f"VACUUM {table}: retention {human_duration(retention_s)} is below the table's deleted-file retention "
+            f"({human_duration(table_retention_s)}), Delta's safety check. Readers and time travel within that window "
             "would break. Use a longer retention, or lower tables.deleted_file_retention deliberately."
         )
     if stream is not None and stream.behind > 0 and stream.stalled_s >= retention_s:
         raise VacuumRefusedError(
             f"VACUUM {table}: the stream is {stream.behind:,} messages behind the topic's end and has not "
-            f"committed a batch for {_human(stream.stalled_s)}, not less than the retention "
-            f"({_human(retention_s)}); the batch it replays when it resumes would miss files. Get the stream "
+            f"committed a batch for {human_duration(stream.stalled_s)}, not less than the retention "
+            f"({human_duration(retention_s)}); the batch it replays when it resumes would miss files. Get the stream "
             "going and let it catch up first (`iotlake status` shows its lag), or use a longer retention."
         )
 
 
-def _human(seconds: float) -> str:
+def human_duration(seconds: float) -> str:
     for unit, size in (("days", DAY_S), ("hours", 3600.0), ("minutes", 60.0)):
         if seconds >= size:
             return f"{seconds / size:g} {unit}"

@@ -37,10 +37,12 @@ from streaming.lake.health import (
     TableHealth,
     check_vacuum_retention,
     churn,
+    human_duration,
     partition_date,
     plan_compaction,
     retain,
     table_health,
+    vacuum_could_delete,
     vacuum_due,
 )
 from streaming.lake.lakelog import list_objects, read_table
@@ -207,6 +209,9 @@ class Maintainer:
         spark.conf.set(VACUUM_LOGGING, "true")
         spark.conf.set(VACUUM_IGNORES_RETENTION, "false")
         self._vacuumed_ms: dict[str, int] = {}  # also known without the history (e.g. logging turned off)
+        for spec in table_specs(settings):  # every table's VACUUM series from the start, at 0 until it deletes
+            for counter in (self.metrics.vacuum_files, self.metrics.vacuum_bytes, self.metrics.vacuum_skipped):
+                counter.labels(spec.name)
 
     # --- tables ---
 
@@ -243,6 +248,9 @@ class Maintainer:
             now_ms=now_ms,
         )
         self._seen_version[spec.name] = table_log.version
+        own = self._vacuumed_ms.get(spec.name, 0)
+        if own > (health.last_vacuum_ms or 0):  # also when the log has no VACUUM: logging off, or nothing to delete
+            health = replace(health, last_vacuum_ms=own)
         self.metrics.record_health(health, churn(table_log.commits if seen is not None else ()))
         return health
 
@@ -354,6 +362,18 @@ class Maintainer:
         log.info("vacuum %s: deleted %d files (%.1f MiB) in %.1fs", spec.name, files, size / 2**20, took)
         return VacuumResult(spec.name, retention, "ok", files, size, took)
 
+    def _nothing_to_vacuum(self, spec: TableConfig, health: TableHealth, now: float) -> str:
+        """A due VACUUM that could delete nothing is not run: counted, and recorded as this table's last."""
+        self._vacuumed_ms[spec.name] = now_ms = int(now * 1000)
+        self.metrics.vacuum_skipped.labels(spec.name).inc()
+        self.metrics.record_health(replace(health, last_vacuum_ms=now_ms), churn(()))
+        why = (
+            f"not run: every object under the table is younger than its retention "
+            f"({human_duration(self.retention_s)}), so VACUUM could delete none"
+        )
+        log.info("vacuum %s: %s", spec.name, why)
+        return why
+
     def compact(self, spec: TableConfig, health: TableHealth, tasks: list[CompactionTask]) -> list[OptimizeResult]:
         """OPTIMIZE each task's partition in order, stopping at a conflict; then measure the table again, so
         its metrics show the work now and each result's files_after is the partition's real count (the stream
@@ -388,9 +408,10 @@ class Maintainer:
             report.healths.append(health_summary(health))
             tasks = plan_compaction(health.partitions, datetime.fromtimestamp(now, UTC), self.settings.maintenance)
             report.optimized.extend(self.compact(spec, health, tasks))
-            last_vacuum = max(health.last_vacuum_ms or 0, self._vacuumed_ms.get(spec.name, 0)) or None
-            due = vacuum_due(last_vacuum, int(now * 1000), self.settings.maintenance.vacuum_interval_s)
-            if vacuum and due and self.backoff.waiting(spec.name) == 0:
+            due = vacuum_due(health.last_vacuum_ms, int(now * 1000), self.settings.maintenance.vacuum_interval_s)
+            if vacuum and due and not vacuum_could_delete(health.oldest_object_ms, int(now * 1000), self.retention_s):
+                report.skipped[f"{spec.name} vacuum"] = self._nothing_to_vacuum(spec, health, now)
+            elif vacuum and due and self.backoff.waiting(spec.name) == 0:
                 try:
                     report.vacuumed.append(self.vacuum(spec))
                 except VacuumRefusedError as e:  # refused by the safety checks: say why, try again next cycle

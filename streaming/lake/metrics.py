@@ -39,7 +39,8 @@ _HEALTH_GAUGES: dict[str, tuple[str, Callable[[TableHealth, float], float]]] = {
         lambda h, now: _age(h.last_optimize_ms, now),
     ),
     "iot_table_last_vacuum_age_seconds": (
-        "Seconds since the last VACUUM seen in the history read (NaN: none seen)",
+        "Seconds since the last VACUUM seen in the history read or run by this sidecar, or since it found nothing "
+        "VACUUM could delete (NaN: none)",
         lambda h, now: _age(h.last_vacuum_ms, now),
     ),
     "iot_table_checkpoint_age_seconds": (
@@ -134,6 +135,12 @@ class MaintenanceMetrics:
         )
         self.vacuum_bytes = Counter(
             "iot_maintenance_vacuum_bytes_deleted_total", "Bytes VACUUM deleted", ["table"], registry=r
+        )
+        self.vacuum_skipped = Counter(
+            "iot_maintenance_vacuum_skipped_total",
+            "Due VACUUMs not run: every object under the table was younger than its retention, none deletable",
+            ["table"],
+            registry=r,
         )
         self.last_success = Gauge(
             "iot_maintenance_last_success_timestamp_seconds",

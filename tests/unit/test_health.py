@@ -7,13 +7,16 @@ import math
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from pyspark.sql import SparkSession
 
-from streaming.core.config import PROJECT_ROOT, MaintenanceConfig, load_settings
+from streaming.core.catalog import TABLE_KEYS
+from streaming.core.config import PROJECT_ROOT, MaintenanceConfig, Settings, load_settings
 from streaming.core.errors import ConfigError, VacuumRefusedError, is_conflict
 from streaming.lake.health import (
     UNPARTITIONED,
@@ -29,11 +32,21 @@ from streaming.lake.health import (
     plan_compaction,
     reclaimable,
     table_health,
+    vacuum_could_delete,
     vacuum_due,
 )
 from streaming.lake.lakelog import commits_since, list_objects, read_table
-from streaming.lake.maintenance import AUTOGROUP, Backoff, group_niceness, manual_tasks, partition_predicate
+from streaming.lake.maintenance import (
+    AUTOGROUP,
+    Backoff,
+    Maintainer,
+    group_niceness,
+    manual_tasks,
+    partition_predicate,
+)
 from streaming.lake.metrics import MaintenanceMetrics
+from streaming.pipeline.tables import LakeTables
+from streaming.pipeline.warmup import scratch_settings
 
 pytestmark = pytest.mark.unit
 
@@ -184,6 +197,24 @@ def test_vacuum_is_due_after_the_interval_or_when_never_run() -> None:
     assert vacuum_due(None, NOW_MS, 86400)
     assert not vacuum_due(NOW_MS - 3600_000, NOW_MS, 86400)
     assert vacuum_due(NOW_MS - 86400_000, NOW_MS, 86400)
+
+
+def test_vacuum_could_delete_only_under_a_table_with_an_object_older_than_the_retention() -> None:
+    week = 7 * 86400
+    assert not vacuum_could_delete(NOW_MS - 3600_000, NOW_MS, week)  # a table an hour old
+    assert not vacuum_could_delete(NOW_MS - week * 1000, NOW_MS, week)  # exactly the retention: VACUUM keeps it
+    assert vacuum_could_delete(NOW_MS - week * 1000 - 1, NOW_MS, week)
+    assert vacuum_could_delete(None, NOW_MS, week)  # nothing listed: don't guess
+
+
+def test_the_oldest_object_of_a_table_counts_its_log_and_stray_files() -> None:
+    objects = [
+        StoredObject("_delta_log/00000000000000000000.json", 10, NOW_MS - 5000),
+        StoredObject("d=2026-11-30/part-0.parquet", 10, NOW_MS - 1000),
+        StoredObject("stray.tmp", 10, NOW_MS - 9000),
+    ]
+    h = table_health("t", 0, [], [], objects, vacuumable=[], small_file_bytes=MiB, interval_s=1, now_ms=NOW_MS)
+    assert h.oldest_object_ms == NOW_MS - 9000
 
 
 def test_vacuum_below_the_tables_retention_is_refused_with_the_fix() -> None:
@@ -487,3 +518,36 @@ def test_retain_keeps_what_the_next_health_needs_and_drops_the_rest() -> None:
     assert [c.version for c in kept] == [2, 3, 5, 6]
     assert retain([], 300, NOW_MS) == ()
     assert [c.version for c in retain(commits[:4], 300, NOW_MS)] == [2, 3, 4]  # the newest, even if old
+
+
+def test_the_sidecar_runs_no_vacuum_that_could_delete_nothing_and_one_that_could(
+    spark: SparkSession, local_settings: Settings, tmp_path: Path
+) -> None:
+    """Fresh tables: the due VACUUM is skipped, counted and shown as done, and not due again. A stray file older
+    than the retention under one table: a new sidecar vacuums that table, and deletes the file."""
+    settings = scratch_settings(local_settings, tmp_path)
+    LakeTables(spark, settings).ensure()
+    registry = CollectorRegistry()
+    sidecar = Maintainer(spark, settings, MaintenanceMetrics(registry=registry))
+    report = sidecar.cycle()
+    assert report.vacuumed == []
+    for table in TABLE_KEYS:  # the default config names each table by its key
+        assert "younger than" in report.skipped[f"{table} vacuum"], report.skipped
+        labels = {"table": table}
+        assert registry.get_sample_value("iot_maintenance_vacuum_skipped_total", labels) == 1
+        assert registry.get_sample_value("iot_maintenance_runs_total", {**labels, "operation": "vacuum"}) is None
+        age = registry.get_sample_value("iot_table_last_vacuum_age_seconds", labels)
+        assert age is not None and 0 <= age < 600, age
+        history = spark.sql(f"DESCRIBE HISTORY delta.`{settings.storage.table_uri(table)}`")
+        assert history.where("operation LIKE 'VACUUM%'").count() == 0
+    assert sidecar.cycle().skipped == {}  # checked once an interval, like a VACUUM
+
+    readings = Path(settings.storage.table_uri("readings").removeprefix("file:"))
+    stray = readings / "stray.parquet"  # left by a crashed writer 8 days ago
+    stray.write_bytes(b"x")
+    eight_days_ago = time.time() - 8 * 86400
+    os.utime(stray, (eight_days_ago, eight_days_ago))
+    report = Maintainer(spark, settings, MaintenanceMetrics(registry=CollectorRegistry())).cycle()
+    assert [(v.table, v.outcome, v.files_deleted) for v in report.vacuumed] == [("readings", "ok", 1)], report
+    assert not stray.exists()
+    assert set(report.skipped) == {"device_state vacuum", "quarantine vacuum"}
