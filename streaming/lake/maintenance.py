@@ -248,11 +248,15 @@ class Maintainer:
             now_ms=now_ms,
         )
         self._seen_version[spec.name] = table_log.version
-        own = self._vacuumed_ms.get(spec.name, 0)
-        if own > (health.last_vacuum_ms or 0):  # also when the log has no VACUUM: logging off, or nothing to delete
-            health = replace(health, last_vacuum_ms=own)
+        health = self._with_own_vacuum(health)
         self.metrics.record_health(health, churn(table_log.commits if seen is not None else ()))
         return health
+
+    def _with_own_vacuum(self, health: TableHealth) -> TableHealth:
+        """The health with this sidecar's last VACUUM, or its last finding of nothing to delete, if newer than the
+        log's (which has none when VACUUM logging is off or the VACUUM was not run)."""
+        own = self._vacuumed_ms.get(health.table, 0)
+        return replace(health, last_vacuum_ms=own) if own > (health.last_vacuum_ms or 0) else health
 
     # --- operations ---
 
@@ -362,11 +366,11 @@ class Maintainer:
         log.info("vacuum %s: deleted %d files (%.1f MiB) in %.1fs", spec.name, files, size / 2**20, took)
         return VacuumResult(spec.name, retention, "ok", files, size, took)
 
-    def _nothing_to_vacuum(self, spec: TableConfig, health: TableHealth, now: float) -> str:
+    def _nothing_to_vacuum(self, spec: TableConfig, health: TableHealth, now_ms: int) -> str:
         """A due VACUUM that could delete nothing is not run: counted, and recorded as this table's last."""
-        self._vacuumed_ms[spec.name] = now_ms = int(now * 1000)
+        self._vacuumed_ms[spec.name] = now_ms
         self.metrics.vacuum_skipped.labels(spec.name).inc()
-        self.metrics.record_health(replace(health, last_vacuum_ms=now_ms), churn(()))
+        self.metrics.record_health(self._with_own_vacuum(health), churn(()))
         why = (
             f"not run: every object under the table is younger than its retention "
             f"({human_duration(self.retention_s)}), so VACUUM could delete none"
@@ -395,6 +399,7 @@ class Maintainer:
     def cycle(self, vacuum: bool = True) -> CycleReport:
         """Measure every table; compact what crossed a bar; vacuum the tables that are due."""
         now = self.clock()
+        now_ms = int(now * 1000)
         report = CycleReport(started=datetime.fromtimestamp(now, UTC).isoformat())
         for spec in table_specs(self.settings):
             waiting = self.backoff.waiting(spec.name)
@@ -408,15 +413,16 @@ class Maintainer:
             report.healths.append(health_summary(health))
             tasks = plan_compaction(health.partitions, datetime.fromtimestamp(now, UTC), self.settings.maintenance)
             report.optimized.extend(self.compact(spec, health, tasks))
-            due = vacuum_due(health.last_vacuum_ms, int(now * 1000), self.settings.maintenance.vacuum_interval_s)
-            if vacuum and due and not vacuum_could_delete(health.oldest_object_ms, int(now * 1000), self.retention_s):
-                report.skipped[f"{spec.name} vacuum"] = self._nothing_to_vacuum(spec, health, now)
-            elif vacuum and due and self.backoff.waiting(spec.name) == 0:
-                try:
-                    report.vacuumed.append(self.vacuum(spec))
-                except VacuumRefusedError as e:  # refused by the safety checks: say why, try again next cycle
-                    log.warning("%s", e)
-                    report.skipped[f"{spec.name} vacuum"] = str(e)
+            due = vacuum_due(health.last_vacuum_ms, now_ms, self.settings.maintenance.vacuum_interval_s)
+            if vacuum and due:
+                if not vacuum_could_delete(health.oldest_object_ms, now_ms, self.retention_s):
+                    report.skipped[f"{spec.name} vacuum"] = self._nothing_to_vacuum(spec, health, now_ms)
+                elif self.backoff.waiting(spec.name) == 0:
+                    try:
+                        report.vacuumed.append(self.vacuum(spec))
+                    except VacuumRefusedError as e:  # refused by the safety checks: say why, try again next cycle
+                        log.warning("%s", e)
+                        report.skipped[f"{spec.name} vacuum"] = str(e)
             if any(v.table == spec.name and v.outcome == "ok" for v in report.vacuumed):
                 self.measure(spec)  # the health metrics show this cycle's work now, not one interval later
         self.metrics.cycles.inc()
