@@ -36,20 +36,22 @@ def test_the_planned_messages_are_what_each_batch_reads_including_an_empty_first
         partitions = -1 if ranges is None else len(ranges)
         seen.append((batch_id, planned_messages(raw), raw.count(), partitions))
 
-    query = (
-        kafka_stream(spark, settings)
-        .writeStream.foreachBatch(body)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .start()
-    )
-    try:
-        query.processAllAvailable()  # batch 0: the topic is empty
-        produce(settings, {0: 3, 2: 1, 5: 4})
-        query.processAllAvailable()
-        produce(settings, {1: 250, 3: 7})
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    def run_available() -> None:  # one available-now run per step: the batches don't depend on the producer's timing
+        query = (
+            kafka_stream(spark, settings)
+            .writeStream.foreachBatch(body)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert not query.isActive, "the available-now query did not finish within 300 s"
+
+    run_available()  # batch 0: the topic is empty
+    produce(settings, {0: 3, 2: 1, 5: 4})
+    run_available()
+    produce(settings, {1: 250, 3: 7})
+    run_available()
     assert seen[0] == (0, 0, 0, 0), seen
     assert [(planned, read) for _, planned, read, _ in seen[1:]] == [(8, 8), (257, 257)], seen
     assert [partitions for *_, partitions in seen[1:]] == [3, 2], seen
