@@ -4,9 +4,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DURATION ?= 120
 PYTEST_ARGS ?=
-# Two pytest workers share the test stack; a module runs whole on one (tests/conftest.py). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 CLUSTER ?=
 
 .PHONY: install test-tools up down status run test unit integration bench profile lint secrets deploy-test soak
@@ -36,13 +33,13 @@ run: install                 ## the whole pipeline, live, then a summary (DURATI
 	$(PY) -m streaming.cli run --duration $(DURATION)
 
 test: test-tools             ## unit + integration tests against real services started by the test setup
-	$(PYTEST) $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: test-tools
-	$(PYTEST) -m unit $(PYTEST_ARGS)
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 integration: test-tools
-	$(PYTEST) -m integration $(PYTEST_ARGS)
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 bench: install               ## benchmark against the real stack; writes bench/results/<date>.json and .md
 	$(PY) -m bench

@@ -9,11 +9,6 @@
 - `settings` (function): `load_settings(env=test_env)`, its topic created with 6 partitions.
 - `spark_sessions` (session): the process's one Spark session, rebuilt (a new JVM) when a test needs the other
   kind; the unit and integration `spark` fixtures ask it for theirs.
-
-Under pytest-xdist (`make test` runs two workers), the controller starts the one test stack and its workers share it:
-each worker has its own Spark session, and a module runs whole on one worker (`--dist loadgroup`, one group per
-module). The modules that change the stack itself (its Prometheus targets, a second `up`, a Spark cluster beside it)
-share one group, so they run one after another.
 """
 
 from __future__ import annotations
@@ -24,7 +19,6 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
@@ -44,52 +38,10 @@ from tests.interrupt import install as sigterm_interrupts
 
 REUSE_ENV = "IOTLAKE_TEST_REUSE_STACK"
 REUSE_HOME = PROJECT_ROOT / "var" / "test-stack"
-SHARED_HOME = "iotlake_test_stack_home"  # xdist: the controller's stack home, handed to each worker
-CONTROLLER_STACK = pytest.StashKey[StackLayout]()
-# Modules that change the running stack (Prometheus' targets, `up` again, a Spark cluster) run on one xdist worker.
-STACK_GROUP = "stack"
-STACK_MODULES = frozenset({"test_live_scenario", "test_stack_services", "test_stack_hardening", "test_cluster"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
     sigterm_interrupts()  # a `kill` of pytest stops the stack and the jobs tests started, as Ctrl-C does
-
-
-def _distributing(config: pytest.Config) -> bool:
-    """True in an xdist controller that hands tests to workers (it runs none itself)."""
-    return config.pluginmanager.hasplugin("dsession")
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """An xdist controller starts the test stack its workers share (before xdist starts them: xdist's is trylast)."""
-    config = session.config
-    if _distributing(config):
-        layout = _layout(config._tmp_path_factory)  # xdist itself derives the workers' basetemp from it
-        _start_stack(layout)
-        config.stash[CONTROLLER_STACK] = layout
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """xdist: tell each worker where the controller's stack lives."""
-    layout = node.config.stash.get(CONTROLLER_STACK, None)
-    if layout is not None:
-        node.workerinput[SHARED_HOME] = str(layout.home)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    layout = session.config.stash.get(CONTROLLER_STACK, None)
-    if layout is not None and os.environ.get(REUSE_ENV) != "1":
-        down(layout)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One xdist group per module (module-scoped fixtures run once), one for the modules that change the stack."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            module = item.path.stem
-            item.add_marker(pytest.mark.xdist_group(STACK_GROUP if module in STACK_MODULES else str(item.path)))
 
 
 def _ports(layout: StackLayout, reuse: bool) -> tuple[int, int, int, int]:
@@ -123,7 +75,8 @@ def _overrides(home: Path, kafka_port: int, minio_port: int, prometheus_port: in
     }
 
 
-def _layout(tmp_path_factory: pytest.TempPathFactory) -> StackLayout:
+@pytest.fixture(scope="session")
+def stack_layout(tmp_path_factory: pytest.TempPathFactory) -> StackLayout:
     """Home of the test stack: a temp dir (or var/test-stack with IOTLAKE_TEST_REUSE_STACK=1)."""
     if os.environ.get(REUSE_ENV) == "1":
         REUSE_HOME.mkdir(parents=True, exist_ok=True)
@@ -131,45 +84,24 @@ def _layout(tmp_path_factory: pytest.TempPathFactory) -> StackLayout:
     return StackLayout(home=tmp_path_factory.mktemp("stack"), cache=default_cache())
 
 
-def _stack_overrides(layout: StackLayout, reuse: bool) -> dict[str, str]:
-    """The IOTLAKE_* overrides that point at the stack in `layout` (the writer's keys once it has run)."""
-    env = _overrides(layout.home, *_ports(layout, reuse))
-    secrets_file = Path(env["IOTLAKE_STORAGE__SECRETS_FILE"])
-    if secrets_file.exists():
-        secrets = stack_secrets_mod.load(secrets_file)
-        env["IOTLAKE_STORAGE__ACCESS_KEY"] = secrets[stack_secrets_mod.WRITER_ACCESS_KEY]
-        env["IOTLAKE_STORAGE__SECRET_KEY"] = secrets[stack_secrets_mod.WRITER_SECRET_KEY]
-    return env
-
-
-def _start_stack(layout: StackLayout) -> None:
-    """Start the test stack in `layout` (fresh ports, or the saved ones with IOTLAKE_TEST_REUSE_STACK=1)."""
-    env = _stack_overrides(layout, os.environ.get(REUSE_ENV) == "1")
+@pytest.fixture(scope="session")
+def stack_env(stack_layout: StackLayout) -> Iterator[dict[str, str]]:
+    """Start the test stack; yield the IOTLAKE_* overrides pointing at it (writer keys included)."""
+    reuse = os.environ.get(REUSE_ENV) == "1"
+    env = _overrides(stack_layout.home, *_ports(stack_layout, reuse))
+    settings = load_settings(env={**os.environ, **env})
     try:
-        up(load_settings(env={**os.environ, **env}), layout)
+        up(settings, stack_layout)
     except BaseException:
-        down(layout, echo=None)
+        down(stack_layout, echo=None)
         raise
-
-
-@pytest.fixture(scope="session")
-def stack_layout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> StackLayout:
-    """Home of the test stack: the xdist controller's, a temp dir, or var/test-stack (IOTLAKE_TEST_REUSE_STACK=1)."""
-    shared = getattr(request.config, "workerinput", {}).get(SHARED_HOME)
-    return StackLayout(home=Path(shared), cache=default_cache()) if shared else _layout(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def stack_env(request: pytest.FixtureRequest, stack_layout: StackLayout) -> Iterator[dict[str, str]]:
-    """Start the test stack (unless an xdist controller did); yield the IOTLAKE_* overrides pointing at it."""
-    if SHARED_HOME in getattr(request.config, "workerinput", {}):
-        yield _stack_overrides(stack_layout, reuse=True)  # the saved ports of the controller's running stack
-        return
-    _start_stack(stack_layout)
+    secrets = stack_secrets_mod.load(Path(env["IOTLAKE_STORAGE__SECRETS_FILE"]))
+    env["IOTLAKE_STORAGE__ACCESS_KEY"] = secrets[stack_secrets_mod.WRITER_ACCESS_KEY]
+    env["IOTLAKE_STORAGE__SECRET_KEY"] = secrets[stack_secrets_mod.WRITER_SECRET_KEY]
     try:
-        yield _stack_overrides(stack_layout, reuse=True)
+        yield env
     finally:
-        if os.environ.get(REUSE_ENV) != "1":
+        if not reuse:
             down(stack_layout)
 
 
