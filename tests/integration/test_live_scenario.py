@@ -186,8 +186,33 @@ def scraped(
         prom.write_targets(stack_layout, prom.native_targets(load_settings(env=base)))
 
 
+@dataclass(frozen=True)
+class SidecarStart:
+    """The job's and the sidecar's counters when the sidecar first measured readings: the ten cycles count from
+    here, so they overlap the panels' wait (a sidecar's cycles before it saw the table compact nothing)."""
+
+    cycles: float
+    batches: float
+
+
 @pytest.fixture(scope="module")
-def settled(scraped: Scraped) -> Scraped:
+def sidecar_start(scraped: Scraped) -> SidecarStart:
+    """Wait (with a deadline) until the sidecar has measured readings; the counters at that point."""
+
+    def measured_readings() -> bool:
+        _alive(scraped)
+        return "iot_table_version{table=readings}" in _scrape(scraped.ports["maintain"])
+
+    try:
+        wait_for(measured_readings, 900, 1.0, "the sidecar to measure readings")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{scraped.tails()}") from None
+    cycles = _scrape(scraped.ports["maintain"]).get("iot_maintenance_cycles_total", 0.0)
+    return SidecarStart(cycles, _scrape(scraped.ports["ingest"]).get("iot_ingest_batches_total", 0.0))
+
+
+@pytest.fixture(scope="module")
+def settled(scraped: Scraped, sidecar_start: SidecarStart) -> Scraped:
     """Wait (with a deadline) until every target is up and every runnable panel query has data."""
     expected_jobs = {"iotlake-ingest", "iotlake-maintain", "sensor-sim", "prometheus"}
     # A query on an undefined metric can never have data: test_panel_query_returns_data fails it by name,
@@ -261,38 +286,34 @@ def _scrape(port: int) -> dict[str, float]:
     return scrape(f"http://127.0.0.1:{port}/metrics", timeout=5)
 
 
-def test_stream_keeps_running_through_ten_sidecar_cycles(scraped: Scraped, stack_secrets: dict[str, str]) -> None:
+def _alive(scraped: Scraped) -> None:
+    for name in ("ingest", "maintain"):
+        process = scraped.processes[name]
+        assert process.poll() is None, f"{name} exited {process.returncode}\n{scraped.tails()}"
+
+
+def test_stream_keeps_running_through_ten_sidecar_cycles(
+    scraped: Scraped, sidecar_start: SidecarStart, stack_secrets: dict[str, str]
+) -> None:
     """The stream and a sidecar compacting aggressively (even the open partition) write the same tables while the
     simulator sends: no batch fails, conflicts are counted not fatal, the stream commits through ten sidecar cycles,
     and once the simulator stops the tables hold exactly what it sent. Last in the module: it stops the simulator."""
     settings, procs = scraped.settings, scraped.processes
     ingest_port, maintain_port = scraped.ports["ingest"], scraped.ports["maintain"]
 
-    def alive() -> None:
-        for name in ("ingest", "maintain"):
-            assert procs[name].poll() is None, f"{name} exited {procs[name].returncode}\n{scraped.tails()}"
-
     def reached(port: int, name: str, target: float) -> bool:
-        alive()
+        _alive(scraped)
         return _scrape(port).get(name, 0.0) >= target
 
     try:
-        # Count ten cycles from a point where the sidecar has measured readings (cycles before it saw no table
-        # compact nothing).
-        def measured_readings() -> bool:
-            alive()
-            return "iot_table_version{table=readings}" in _scrape(maintain_port)
-
-        wait_for(measured_readings, 900, 1.0, "the sidecar to measure readings")
         # The sidecar and its JVM run at maintenance.niceness, below the stream: a compaction takes the CPU the
         # stream leaves.
         sidecar, stream = psutil.Process(procs["maintain"].pid), psutil.Process(procs["ingest"].pid)
         base = os.getpriority(os.PRIO_PROCESS, 0)
         assert {p.nice() for p in [sidecar, *sidecar.children(recursive=True)]} == {settings.maintenance.niceness}
         assert {p.nice() for p in [stream, *stream.children(recursive=True)]} == {base}
-        first = _scrape(maintain_port).get("iot_maintenance_cycles_total", 0.0)
-        batches_before = _scrape(ingest_port).get("iot_ingest_batches_total", 0.0)
-        wait_for(lambda: reached(maintain_port, "iot_maintenance_cycles_total", first + 10), 1200, 1.0, "ten cycles")
+        ten_cycles = sidecar_start.cycles + 10
+        wait_for(lambda: reached(maintain_port, "iot_maintenance_cycles_total", ten_cycles), 1200, 1.0, "ten cycles")
         batches = _scrape(ingest_port)["iot_ingest_batches_total"]
         simulator = procs["sensor-sim"]
         simulator.terminate()  # it flushes, then writes its summary of what Kafka acknowledged
@@ -300,7 +321,7 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(scraped: Scraped, stack
         summary = json.loads(scraped.summary.read_text())
         sent = summary["sent_total"]
         wait_for(lambda: reached(ingest_port, "iot_ingest_input_rows_total", sent), 900, 1.0, f"all {sent} messages")
-        alive()
+        _alive(scraped)
         ingest, maintain = _scrape(ingest_port), _scrape(maintain_port)
     except AssertionError as e:
         raise AssertionError(f"{e}\n{scraped.tails()}") from e
@@ -310,7 +331,7 @@ def test_stream_keeps_running_through_ten_sidecar_cycles(scraped: Scraped, stack
     # The job started as `make run` starts it: with the warm-up batch first (the other tests' jobs skip it).
     assert f"warm-up batch of {warmup.MESSAGES} messages into scratch tables" in scraped.logs["ingest"].read_text()
     # The stream kept committing while the sidecar cycled (a 2-second trigger; ten cycles take far longer).
-    assert batches - batches_before >= 8, (batches_before, batches)
+    assert batches - sidecar_start.batches >= 8, (sidecar_start, batches)
     assert maintain.get("iot_maintenance_files_compacted_total", 0.0) > 0, "the sidecar never compacted"
     assert maintain.get("iot_maintenance_failures_total", 0.0) == 0, scraped.tails()
     # VACUUM is due once a day: at most once per table in this run (a table backing off after a conflict may
