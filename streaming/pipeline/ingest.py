@@ -335,7 +335,10 @@ def guard_checkpoint(settings: Settings, files: HadoopFiles) -> None:
     check_not_older(state, versions, files.directory)
 
 
-def start_query(spark: SparkSession, settings: Settings, writer: BatchWriter, available_now: bool) -> StreamingQuery:
+def start_query(
+    spark: SparkSession, settings: Settings, writer: Callable[[DataFrame, int], None], available_now: bool
+) -> StreamingQuery:
+    """The job's streaming query: the Kafka stream, each micro-batch handed to `writer` (a BatchWriter)."""
     stream = kafka_stream(spark, settings).writeStream.foreachBatch(writer)
     stream = stream.queryName(QUERY_NAME).option("checkpointLocation", settings.ingest.checkpoint_uri)
     if available_now:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from bench.floor import steady as floor_steady
 from bench.job import BenchError
 from bench.latency import tiny_figures
 from bench.procs import ProcessLook, ProcSampler, cpu_seconds, descendants
+from bench.s3_requests import batch_requests
 from bench.stats import (
     BatchLine,
     Commit,
@@ -429,3 +431,21 @@ def test_each_sustained_run_has_a_floor_checkpoint_of_its_own(tmp_path: Any) -> 
     first, second = floor_checkpoint(env("a1")), floor_checkpoint(env("b2"))
     assert first != second
     assert str(env("a1")["IOTLAKE_INGEST__CHECKPOINT_LOCATION"]) not in (str(first), str(second))
+
+
+def test_a_batchs_s3_requests_are_counted_and_timed_by_kind_from_s3as_statistics() -> None:
+    delta = Counter(
+        {
+            "action_http_head_request": 24,
+            "action_http_head_request.mean": 97,
+            "object_list_request": 11,
+            "object_list_request.mean": 55,
+            "object_put_request": 5,
+            "object_put_request.mean": 36,
+            "stream_read_bytes": 36_212,  # not a request
+        }
+    )
+    row = batch_requests(1, 12, 5.689, delta)
+    assert row["by_kind"]["HEAD"] == {"requests": 24, "ms": 97}
+    assert row["by_kind"]["GET"] == {"requests": 0, "ms": 0}
+    assert (row["requests"], row["request_ms"], row["wall_s"]) == (40, 188, 5.69)

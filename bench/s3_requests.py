@@ -1,0 +1,138 @@
+"""`python -m bench.s3_requests`: the S3 requests of each tiny batch and the time S3A measured for them.
+
+Runs the job's batch writer (`streaming.pipeline.ingest.BatchWriter`) in this process on a private stack, one
+available-now query per tiny batch, and reads the S3A file system's own IOStatistics before and after each batch.
+On a local master the driver and the executors share that file system instance, so the difference is every
+request the batch made to the tables' bucket, by kind, with the summed duration of each kind. Writes
+bench/results/<date>-s3-requests.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from bench import report
+from bench.profile import produce
+from bench.stack import bench_stack
+from streaming.core.config import load_settings
+from streaming.core.session import build_session
+from streaming.pipeline.ingest import BatchWriter, start_query
+from streaming.pipeline.metrics import IngestMetrics
+from streaming.pipeline.tables import LakeTables
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# S3A's statistic for each kind of request (a counter, and a mean statistic "<name>.mean" of its durations in ms).
+KINDS = {
+    "HEAD": "action_http_head_request",
+    "GET": "action_http_get_request",
+    "LIST": "object_list_request",
+    "PUT": "object_put_request",
+    "DELETE": "object_delete_request",
+}
+
+
+def s3a_statistics(spark: SparkSession, uri: str) -> Counter[str]:
+    """The S3A file system's counters for `uri`'s bucket, and each mean statistic's summed value as "<name>.mean"."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI(uri), spark.sparkContext._jsc.hadoopConfiguration())
+    stats = fs.getIOStatistics()
+    counters, means = stats.counters(), stats.meanStatistics()
+    values: Counter[str] = Counter({str(k): int(counters.get(k)) for k in counters.keySet()})
+    values.update({str(k): int(means.get(k).getSum()) for k in means.keySet()})
+    return values
+
+
+def batch_requests(batch_id: int, messages: int, seconds: float, delta: Counter[str]) -> dict[str, Any]:
+    """One batch's requests by kind: how many, and the milliseconds S3A measured for them (summed)."""
+    kinds = {kind: {"requests": delta[name], "ms": delta[f"{name}.mean"]} for kind, name in KINDS.items()}
+    return {
+        "batch_id": batch_id,
+        "messages": messages,
+        "wall_s": round(seconds, 2),
+        "requests": sum(k["requests"] for k in kinds.values()),
+        "request_ms": sum(k["ms"] for k in kinds.values()),
+        "by_kind": kinds,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        f"# S3 requests per tiny batch, {result['date']}",
+        "",
+        f"Commit `{result['commit'].get('commit', '?')[:12]}`; load average at start {result['load_average']}; "
+        f"command `{result['command']}`. S3A's IOStatistics before and after each batch, in-process, on a private "
+        "stack. The milliseconds are summed over requests, some of which ran at the same time.",
+        "",
+        "| batch | messages | wall s | requests | S3 ms | " + " | ".join(KINDS) + " |",
+        "|---|---|---|---|---|" + "---|" * len(KINDS),
+    ]
+    for b in result["batches"]:
+        kinds = " | ".join(f"{k['requests']} / {k['ms']} ms" for k in b["by_kind"].values())
+        lines.append(
+            f"| {b['batch_id']} | {b['messages']} | {b['wall_s']} | {b['requests']} | {b['request_ms']} | {kinds} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.s3_requests", description=__doc__.splitlines()[0])
+    p.add_argument("--batches", type=int, default=6, help="tiny batches, one query each (default 6)")
+    p.add_argument("--messages", type=int, default=12, help="messages per batch (default 12)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    load = report.machine()["loadavg_at_start"]
+    batches: list[dict[str, Any]] = []
+    with bench_stack(echo=None) as stack, tempfile.TemporaryDirectory(prefix="iotlake-s3-requests-") as work:
+        settings = load_settings(env=stack.workload("s3-requests", Path(work)))
+        spark = build_session(settings, app_name="iotlake-s3-requests")
+        try:
+            tables = LakeTables(spark, settings)
+            tables.ensure()
+            writer = BatchWriter(spark, settings, tables, IngestMetrics())
+            uri = settings.storage.table_uri("readings")
+
+            def measured(raw: DataFrame, batch_id: int) -> None:
+                before, started = s3a_statistics(spark, uri), time.monotonic()
+                writer(raw, batch_id)
+                seconds, delta = time.monotonic() - started, s3a_statistics(spark, uri) - before
+                batches.append(batch_requests(batch_id, writer.reports[-1].input_rows, seconds, delta))
+
+            for i in range(args.batches):
+                produce(settings, args.messages, seed=10 + i)
+                query = start_query(spark, settings, measured, available_now=True)
+                query.awaitTermination(300)
+                if query.exception() is not None:
+                    raise RuntimeError(f"the query failed: {query.exception()}")
+        finally:
+            spark.stop()
+    result = {
+        "date": datetime.now(UTC).date().isoformat(),
+        "commit": report.git_commit(),
+        "load_average": load,
+        "command": shlex.join(["python", "-m", "bench.s3_requests", *(sys.argv[1:] if argv is None else argv)]),
+        "batches": batches,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"{result['date']}-s3-requests"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(render(result) + "\n")
+    print(render(result))
+    print(f"written: {args.out / stem}.json, .md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
