@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shlex
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -193,19 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise RuntimeError(f"expected one event log under {events}, found {logs}")
         jobs = parse_event_log(logs[0].read_text().splitlines())
     result = {
-        "date": datetime.now(UTC).date().isoformat(),
-        "commit": report.git_commit(),
-        "load_average": load,
-        "command": shlex.join(["python", "-m", "bench.profile", *(sys.argv[1:] if argv is None else argv)]),
+        **report.run_header("bench.profile", argv, load),
         "seconds": round(time.monotonic() - started, 1),
         "batches": [batch_profile(r, jobs) for r in reports],
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{result['date']}-profile"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(render(result) + "\n")
-    print(render(result))
-    print(f"written: {args.out / stem}.json, .md")
+    report.write_text_report(result, render(result).splitlines(), args.out, f"{result['date']}-profile")
     return 0
 
 

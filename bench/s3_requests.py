@@ -10,14 +10,10 @@ bench/results/<date>-s3-requests.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,19 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise RuntimeError(f"the query failed: {query.exception()}")
         finally:
             spark.stop()
-    result = {
-        "date": datetime.now(UTC).date().isoformat(),
-        "commit": report.git_commit(),
-        "load_average": load,
-        "command": shlex.join(["python", "-m", "bench.s3_requests", *(sys.argv[1:] if argv is None else argv)]),
-        "batches": batches,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"{result['date']}-s3-requests"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(render(result) + "\n")
-    print(render(result))
-    print(f"written: {args.out / stem}.json, .md")
+    result = {**report.run_header("bench.s3_requests", argv, load), "batches": batches}
+    report.write_text_report(result, render(result).splitlines(), args.out, f"{result['date']}-s3-requests")
     return 0
 
 
