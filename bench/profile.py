@@ -131,8 +131,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"# Profile of one micro-batch, {result['date']}",
         "",
-        f"Commit `{result['commit'].get('commit', '?')[:12]}`; load average at start {result['load_average']}; "
-        f"command `{result['command']}`. Spark's event log of the real job, in-process, on a private stack.",
+        f"{report.run_line(result)} Spark's event log of the real job, in-process, on a private stack.",
         "",
     ]
     for b in result["batches"]:

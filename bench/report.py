@@ -320,6 +320,12 @@ def write_text_report(result: Mapping[str, Any], lines: list[str], out_dir: Path
     print(f"written: {out_dir / stem}.json, .md")
 
 
+def run_line(result: Mapping[str, Any]) -> str:
+    """The run_header of a result as the first sentence of its markdown: commit, load average, command."""
+    commit = str(result["commit"].get("commit") or "?")[:12]
+    return f"Commit `{commit}`; load average at start {result['load_average']}; command `{result['command']}`."
+
+
 def run_header(module: str, argv: Sequence[str] | None, load: Any) -> dict[str, Any]:
     """What every side-by-side result starts with: date, commit, load average at start and the exact command."""
     args = sys.argv[1:] if argv is None else list(argv)

@@ -73,8 +73,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"# S3 requests per tiny batch, {result['date']}",
         "",
-        f"Commit `{result['commit'].get('commit', '?')[:12]}`; load average at start {result['load_average']}; "
-        f"command `{result['command']}`. S3A's IOStatistics before and after each batch, in-process, on a private "
+        f"{report.run_line(result)} S3A's IOStatistics before and after each batch, in-process, on a private "
         "stack. The milliseconds are summed over requests, some of which ran at the same time; S3A times no GET.",
         "",
         "| batch | messages | wall s | requests | S3 ms (timed) | " + " | ".join(KINDS) + " |",
