@@ -3,7 +3,8 @@
 Runs the job's batch writer (`streaming.pipeline.ingest.BatchWriter`) in this process on a private stack, one
 available-now query per tiny batch, and reads the S3A file system's own IOStatistics before and after each batch.
 On a local master the driver and the executors share that file system instance, so the difference is every
-request the batch made to the tables' bucket, by kind, with the summed duration of each kind. Writes
+request the batch made to the tables' bucket, by kind, with the summed duration of each kind. Beside them, the
+classes Spark compiled in the batch (its code generation cache's misses, from Spark's CodegenMetrics). Writes
 bench/results/<date>-s3-requests.json and .md.
 """
 
@@ -53,7 +54,16 @@ def s3a_statistics(spark: SparkSession, uri: str) -> Counter[str]:
     return values
 
 
-def batch_requests(batch_id: int, messages: int, seconds: float, delta: Counter[str]) -> dict[str, Any]:
+def compilations(spark: SparkSession) -> int:
+    """How many classes Spark's code generation has compiled in this JVM (each miss of its cache is one)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return int(jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount())
+
+
+def batch_requests(
+    batch_id: int, messages: int, seconds: float, delta: Counter[str], compiled: int = 0
+) -> dict[str, Any]:
     """One batch's requests by kind: how many, and the milliseconds S3A measured for them (summed)."""
     kinds = {
         kind: {"requests": delta[name], "ms": None if kind in UNTIMED else delta[f"{name}.mean"]}
@@ -66,6 +76,7 @@ def batch_requests(batch_id: int, messages: int, seconds: float, delta: Counter[
         "requests": sum(k["requests"] for k in kinds.values()),
         "request_ms": sum(k["ms"] or 0 for k in kinds.values()),
         "by_kind": kinds,
+        "classes_compiled": compiled,
     }
 
 
@@ -76,8 +87,8 @@ def render(result: dict[str, Any]) -> str:
         f"{report.run_line(result)} S3A's IOStatistics before and after each batch, in-process, on a private "
         "stack. The milliseconds are summed over requests, some of which ran at the same time; S3A times no GET.",
         "",
-        "| batch | messages | wall s | requests | S3 ms (timed) | " + " | ".join(KINDS) + " |",
-        "|---|---|---|---|---|" + "---|" * len(KINDS),
+        "| batch | messages | wall s | requests | S3 ms (timed) | " + " | ".join(KINDS) + " | classes compiled |",
+        "|---|---|---|---|---|" + "---|" * (len(KINDS) + 1),
     ]
     for b in result["batches"]:
         kinds = " | ".join(
@@ -107,10 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             uri = settings.storage.table_uri("readings")
 
             def measured(raw: DataFrame, batch_id: int) -> None:
-                before, started = s3a_statistics(spark, uri), time.monotonic()
+                before, compiled, started = s3a_statistics(spark, uri), compilations(spark), time.monotonic()
                 writer(raw, batch_id)
                 seconds, delta = time.monotonic() - started, s3a_statistics(spark, uri) - before
-                batches.append(batch_requests(batch_id, writer.reports[-1].input_rows, seconds, delta))
+                compiled = compilations(spark) - compiled
+                batches.append(batch_requests(batch_id, writer.reports[-1].input_rows, seconds, delta, compiled))
 
             for i in range(args.batches):
                 produce(settings, args.messages, seed=10 + i)

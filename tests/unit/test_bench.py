@@ -445,7 +445,7 @@ def test_a_batchs_s3_requests_are_counted_and_timed_by_kind_from_s3as_statistics
             "stream_read_bytes": 36_212,  # not a request
         }
     )
-    row = batch_requests(1, 12, 5.689, delta)
+    row = batch_requests(1, 12, 5.689, delta, compiled=4)
     assert row["by_kind"]["HEAD"] == {"requests": 24, "ms": 97}
     assert row["by_kind"]["GET"] == {"requests": 0, "ms": None}  # S3A keeps no duration for GETs
-    assert (row["requests"], row["request_ms"], row["wall_s"]) == (40, 188, 5.69)
+    assert (row["requests"], row["request_ms"], row["wall_s"], row["classes_compiled"]) == (40, 188, 5.69, 4)
