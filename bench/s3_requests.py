@@ -94,9 +94,16 @@ def render(result: dict[str, Any]) -> str:
         kinds = " | ".join(
             str(k["requests"]) if k["ms"] is None else f"{k['requests']} / {k['ms']} ms" for k in b["by_kind"].values()
         )
-        lines.append(
-            f"| {b['batch_id']} | {b['messages']} | {b['wall_s']} | {b['requests']} | {b['request_ms']} | {kinds} |"
-        )
+        given = [
+            b["batch_id"],
+            b["messages"],
+            b["wall_s"],
+            b["requests"],
+            b["request_ms"],
+            kinds,
+            b["classes_compiled"],
+        ]
+        lines.append("| " + " | ".join(map(str, given)) + " |")
     return "\n".join(lines)
 
 
