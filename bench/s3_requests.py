@@ -125,10 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             uri = settings.storage.table_uri("readings")
 
             def measured(raw: DataFrame, batch_id: int) -> None:
-                before, compiled, started = s3a_statistics(spark, uri), compilations(spark), time.monotonic()
+                before, compiled_before, started = s3a_statistics(spark, uri), compilations(spark), time.monotonic()
                 writer(raw, batch_id)
                 seconds, delta = time.monotonic() - started, s3a_statistics(spark, uri) - before
-                compiled = compilations(spark) - compiled
+                compiled = compilations(spark) - compiled_before
                 batches.append(batch_requests(batch_id, writer.reports[-1].input_rows, seconds, delta, compiled))
 
             for i in range(args.batches):
