@@ -9,6 +9,7 @@ tests/integration/test_delete_device_live.py); everything else is real Delta.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,12 @@ class ConcurrentAppendException(Exception):
     """Named like delta-spark's own class, which is what `is_conflict` recognises."""
 
 
-@pytest.fixture
-def lake(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> LakeTables:
-    """d1 on two dates, d2 on those and a third; quarantine rows keyed and carrying devices in every mix."""
-    settings = local_settings.on_local_files(tmp_path)
-    tables = LakeTables(spark, settings)
+@pytest.fixture(scope="module")
+def written(spark: SparkSession, local_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the tables every test starts from, written once: d1 on two dates, d2 on those and a third;
+    quarantine rows keyed and carrying devices in every mix."""
+    root = tmp_path_factory.mktemp("ops-delete")
+    tables = LakeTables(spark, local_settings.on_local_files(root))
     tables.ensure()
     d1 = [event(event_id=f"d1-{i}", device_id="d1", seq=i, event_time=NOW_MS - 1000 - (i % 2) * DAY_MS) for i in (1, 2)]
     d2 = [event(event_id=f"d2-{i}", device_id="d2", seq=i, event_time=NOW_MS - 1000 - i * DAY_MS) for i in (0, 1, 2)]
@@ -56,8 +58,17 @@ def lake(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> LakeT
     ]
     raw = spark.createDataFrame([(k, v, "t", 0, n, NOW) for n, (k, v) in enumerate(messages)], RAW_SCHEMA)
     info = batch.BatchInfo(1, NOW)
-    tables.append_quarantine(batch.quarantine(batch.validate(raw, Rules.from_settings(settings), info), info), None)
-    return tables
+    tables.append_quarantine(
+        batch.quarantine(batch.validate(raw, Rules.from_settings(tables.settings), info), info), None
+    )
+    return root
+
+
+@pytest.fixture
+def lake(spark: SparkSession, local_settings: Settings, written: Path, tmp_path: Path) -> LakeTables:
+    """A copy of the written tables of the test's own (a Delta table's log names its files relative to it)."""
+    shutil.copytree(written, tmp_path / "lake")
+    return LakeTables(spark, local_settings.on_local_files(tmp_path / "lake"))
 
 
 def ops_for(spark: SparkSession, lake: LakeTables) -> TableOps:
