@@ -33,6 +33,7 @@ from bench.stats import (
     steady_rate,
     summarize,
 )
+from bench.suite_cpu import CpuOfTest, totals
 
 pytestmark = pytest.mark.unit
 
@@ -449,3 +450,13 @@ def test_a_batchs_s3_requests_are_counted_and_timed_by_kind_from_s3as_statistics
     assert row["by_kind"]["HEAD"] == {"requests": 24, "ms": 97}
     assert row["by_kind"]["GET"] == {"requests": 0, "ms": None}  # S3A keeps no duration for GETs
     assert (row["requests"], row["request_ms"], row["wall_s"], row["classes_compiled"]) == (40, 188, 5.69, 4)
+
+
+def test_the_suites_cpu_totals_add_up_by_test_path() -> None:
+    records = [
+        CpuOfTest("tests/unit/test_a.py::t", wall_s=10.0, busy_core_s=12.0, idle_core_s=8.0),
+        CpuOfTest("tests/integration/test_b.py::t", wall_s=5.0, busy_core_s=9.0, idle_core_s=1.0),
+    ]
+    assert totals(records, "tests/unit/") == (10.0, 12.0, 8.0, 0.6)
+    assert totals(records) == (15.0, 21.0, 9.0, 0.7)
+    assert totals(records, "tests/deploy/") == (0.0, 0, 0, 0.0)
