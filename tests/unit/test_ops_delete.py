@@ -66,7 +66,7 @@ def written(spark: SparkSession, local_settings: Settings, tmp_path_factory: pyt
 
 @pytest.fixture
 def lake(spark: SparkSession, local_settings: Settings, written: Path, tmp_path: Path) -> LakeTables:
-    """A copy of the written tables of the test's own (a Delta table's log names its files relative to it)."""
+    """The test's own copy of the written tables (a Delta log names its files relative to the table)."""
     shutil.copytree(written, tmp_path / "lake")
     return LakeTables(spark, local_settings.on_local_files(tmp_path / "lake"))
 
