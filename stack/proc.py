@@ -18,6 +18,7 @@ from stack.addresses import HostPort, bind_host
 from streaming.core.errors import StackError
 
 PRIVATE_UMASK = 0o077  # what the stack's processes create (data, logs) is readable by its user only
+EXEC_TIMEOUT_S = 5.0  # how long `start` waits for the kernel to load a child's program
 
 
 @dataclass(frozen=True)
@@ -231,10 +232,19 @@ def start(
     service.pidfile.parent.mkdir(parents=True, exist_ok=True)
     logrotate.rotate_if_large(service.log, rotation or logrotate.RotationPolicy())
     proc = spawn(service.name, argv, service.log, env, cwd)
+    _wait_exec(proc.pid)
     tmp = service.pidfile.with_suffix(".pid.tmp")
     tmp.write_text(f"{proc.pid}\n")
     tmp.replace(service.pidfile)
     return proc.pid
+
+
+def _wait_exec(pid: int, timeout: float = EXEC_TIMEOUT_S) -> None:
+    """Wait until the kernel has loaded a child's program: for some milliseconds after `Popen` returns, its
+    /proc/<pid>/cmdline is empty, and `read_pid` would take the pid for a reused one."""
+    deadline = time.monotonic() + timeout
+    while cmdline(pid) == "" and pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def wait_ready(

@@ -375,6 +375,20 @@ def test_the_log_keeper_rotates_the_stacks_logs_until_stopped(tmp_path: Path) ->
     assert minio_log in logkeeper.logs(layout) and layout.log("kafka") not in logkeeper.logs(layout)
 
 
+def test_a_started_service_is_found_by_its_pid_file_at_once(tmp_path: Path) -> None:
+    """`start` returns once the command runs. For some milliseconds after `Popen` returns, the kernel is still
+    loading the new program and /proc/<pid>/cmdline is empty, so `read_pid` took the pid for a reused one and
+    `stop` left the process running (the log keeper test failed that way beside a second pytest worker)."""
+    for n in range(50):
+        svc = proc.Service(f"sleeper{n}", tmp_path / f"s{n}.pid", tmp_path / f"s{n}.log", f"time.sleep({600 + n})")
+        pid = proc.start(svc, [sys.executable, "-c", f"import time; time.sleep({600 + n})"])
+        try:
+            assert svc.marker in (proc.cmdline(pid) or ""), f"start {n}: {proc.cmdline(pid)!r}"
+            assert proc.read_pid(svc) == pid
+        finally:
+            proc.kill_group(pid)
+
+
 def test_spawn_logs_after_a_banner_and_stop_child_reaches_the_whole_group(tmp_path: Path) -> None:
     """The one child-process wrapper: output appended after `=== ... starting name`, private files, and a
     grandchild (like the ingest's JVM) in the child's group is gone after stop_child."""
