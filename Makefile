@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DURATION ?= 120
 PYTEST_ARGS ?=
+# `make test` runs the unit tests in a second pytest worker beside the integration tests (tests/conftest.py);
+# TEST_WORKERS=0: everything in one process.
+TEST_WORKERS ?= 2
 CLUSTER ?=
 
 .PHONY: install test-tools up down status run test unit integration bench profile lint secrets deploy-test soak
@@ -33,7 +36,7 @@ run: install                 ## the whole pipeline, live, then a summary (DURATI
 	$(PY) -m streaming.cli run --duration $(DURATION)
 
 test: test-tools             ## unit + integration tests against real services started by the test setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 unit: test-tools
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
