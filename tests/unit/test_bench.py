@@ -14,6 +14,8 @@ import pytest
 
 from bench import report
 from bench.__main__ import combine, failed, headline
+from bench.device_state_merge import device_rows
+from bench.device_state_merge import summarize as summarize_merges
 from bench.floor import batches_of
 from bench.floor import steady as floor_steady
 from bench.job import BenchError
@@ -34,6 +36,7 @@ from bench.stats import (
     summarize,
 )
 from bench.suite_cpu import CpuOfTest, totals
+from streaming.pipeline.schema import DEVICE_STATE_COLUMNS
 
 pytestmark = pytest.mark.unit
 
@@ -450,6 +453,25 @@ def test_a_batchs_s3_requests_are_counted_and_timed_by_kind_from_s3as_statistics
     assert row["by_kind"]["HEAD"] == {"requests": 24, "ms": 97}
     assert row["by_kind"]["GET"] == {"requests": 0, "ms": None}  # S3A keeps no duration for GETs
     assert (row["requests"], row["request_ms"], row["wall_s"], row["classes_compiled"]) == (40, 188, 5.69, 4)
+
+
+def test_device_state_merges_are_summed_up_after_the_warm_rounds_against_the_first_table() -> None:
+    seconds = {"as created": [9.0, 2.0, 1.0, 3.0], "cdf off": [8.0, 1.0, 1.5, 1.5], "dv on": [7.0, 4.0, 3.0, 2.0]}
+    arms = summarize_merges(seconds, warm=1)
+    assert arms["as created"] == {"median_s": 2.0, "min_s": 1.0, "max_s": 3.0, "merges": 3, "over_first": 1.0}
+    assert (arms["cdf off"]["median_s"], arms["cdf off"]["over_first"]) == (1.5, 0.75)
+    assert (arms["dv on"]["median_s"], arms["dv on"]["over_first"]) == (3.0, 1.5)
+    with pytest.raises(ValueError, match="no MERGE after the 4 warm-up rounds"):
+        summarize_merges(seconds, warm=4)
+
+
+def test_device_state_merge_rows_are_one_per_device_in_the_tables_columns_and_newer_each_round() -> None:
+    first, second = device_rows(3, 0), device_rows(3, 1)
+    assert [len(r) for r in first] == [len(DEVICE_STATE_COLUMNS)] * 3
+    names = [c.name for c in DEVICE_STATE_COLUMNS]
+    device, time_, seq = names.index("device_id"), names.index("event_time"), names.index("seq")
+    assert [r[device] for r in first] == [r[device] for r in second] == ["dev-00000", "dev-00001", "dev-00002"]
+    assert all(b[time_] > a[time_] and b[seq] > a[seq] for a, b in zip(first, second, strict=True))
 
 
 def test_the_suites_cpu_totals_add_up_by_test_path() -> None:
