@@ -38,26 +38,32 @@ ARMS: dict[str, dict[str, str]] = {
 
 
 def device_rows(devices: int, round_: int) -> list[tuple[Any, ...]]:
-    """One reading per device, all newer than the round before (event_time and seq grow with the round)."""
+    """One reading per device in device_state's column order, all newer than the round before (event_time and seq
+    grow with the round)."""
     at = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=round_)
-    measurements = (20.0, 50.0, 100.0, 1.0, 3.7)
-    return [
-        (
-            f"r{round_}-d{d}",
-            f"dev-{d:05d}",
-            f"parcel-{d % 20}",
-            round_,
-            at,
-            1,
-            *measurements,
-            "bench",
-            d % 6,
-            round_ * devices + d,
-            at,
-            at,
-        )
-        for d in range(devices)
-    ]
+    names = [c.name for c in DEVICE_STATE_COLUMNS]
+    rows = []
+    for d in range(devices):
+        values = {
+            "event_id": f"r{round_}-d{d}",
+            "device_id": f"dev-{d:05d}",
+            "parcel_id": f"parcel-{d % 20}",
+            "seq": round_,
+            "event_time": at,
+            "schema_version": 1,
+            "air_temperature_c": 20.0,
+            "air_humidity_pct": 50.0,
+            "soil_nitrogen_mg_kg": 100.0,
+            "soil_salinity_ds_m": 1.0,
+            "battery_v": 3.7,
+            "kafka_topic": "bench",
+            "kafka_partition": d % 6,
+            "kafka_offset": round_ * devices + d,
+            "kafka_timestamp": at,
+            "ingest_time": at,
+        }
+        rows.append(tuple(values[n] for n in names))  # a KeyError names a column added to the table and not here
+    return rows
 
 
 def source(spark: SparkSession, devices: int, round_: int) -> DataFrame:
@@ -116,11 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         def settings(name: str) -> Settings:
             return load_settings(env=stack.workload(name, Path(work), topic=False))
 
-        spark = build_session(settings("ds-merge"), app_name="iotlake-ds-merge")
+        arm_settings = {arm: settings(f"ds-merge-{i}") for i, arm in enumerate(ARMS)}
+        spark = build_session(next(iter(arm_settings.values())), app_name="iotlake-ds-merge")
         try:
             tables: dict[str, LakeTables] = {}
-            for i, (arm, properties) in enumerate(ARMS.items()):
-                tables[arm] = LakeTables(spark, settings(f"ds-merge-{i}"))
+            for arm, properties in ARMS.items():
+                tables[arm] = LakeTables(spark, arm_settings[arm])
                 tables[arm].ensure()
                 for key, value in properties.items():
                     spark.sql(f"ALTER TABLE delta.`{tables[arm].device_state_uri}` SET TBLPROPERTIES ({key} = {value})")
