@@ -79,7 +79,7 @@ class BatchWriter:
         self.metrics = metrics
         self.faults = faults or Faults()
         self.clocks = BatchClocks(HadoopFiles(spark, settings.ingest.checkpoint_uri), self.faults.now)
-        self.rules = Rules.from_settings(settings, tables.evolved_columns())
+        self.validator = batch.Validator.of(Rules.from_settings(settings, tables.evolved_columns()))
         self.reports: list[BatchReport] = []
         self.newest_event = 0.0
 
@@ -95,7 +95,7 @@ class BatchWriter:
         raw = kafka_batch.one_partition_if_small(raw, planned)
         info = batch.BatchInfo(batch_id, self.clocks.for_batch(batch_id))
         steps: dict[str, float] = {}
-        validated = batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+        validated = self.validator(raw, info).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             new_fields = batch.new_field_names(validated) if self.rules.allow_new_fields else []
             if new_fields:
@@ -115,6 +115,10 @@ class BatchWriter:
         self._record(report)
         self.faults.crash_if("after_batch", batch_id)
 
+    @property
+    def rules(self) -> Rules:
+        return self.validator.rules
+
     def _query_id(self) -> str:
         """The transaction ids' base: stable across restarts from one checkpoint, new when it is deleted."""
         query_id = self.spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
@@ -129,14 +133,15 @@ class BatchWriter:
     def _evolve(self, raw: DataFrame, validated: DataFrame, names: list[str], info: batch.BatchInfo) -> DataFrame:
         """Add new optional fields as columns (inferred types), or mark the ones that can't evolve."""
         columns, refused = batch.infer_new_columns(validated, names)
-        self.rules = replace(
+        rules = replace(
             self.rules,
             extra_columns=(*self.rules.extra_columns, *columns),
             refused_fields=tuple(sorted({*self.rules.refused_fields, *refused})),
         )
+        self.validator = batch.Validator.of(rules)
         log.warning("schema evolution: adding %s; not evolvable: %s", [c.name for c in columns], refused)
         validated.unpersist()
-        return batch.validate(raw, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+        return self.validator(raw, info).persist(StorageLevel.MEMORY_AND_DISK)
 
     def _write(
         self,

@@ -81,8 +81,9 @@ def _is_object(rules: Rules) -> Column:
     return _decoded(rules) & F.col("json_keys").isNotNull()
 
 
-def check_codes(rules: Rules, now_ms: int) -> Column:
-    """array<string> of every failed check but unexpected fields, from value, value_text, json_keys, typed, text.
+def check_codes(rules: Rules, now_ms: Column) -> Column:
+    """array<string> of every failed check but unexpected fields, from value, value_text, json_keys, typed, text and
+    `now_ms`, the batch's clock (epoch ms).
 
     The checks are gated so one defect yields one reason: a non-JSON value is not also missing fields. No lambda
     (higher-order function) may wrap them, nor stand in the projection that computes them: Spark evaluates such a

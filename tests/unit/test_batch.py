@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -104,6 +104,25 @@ def test_future_skew_and_lateness_bounds_are_inclusive_of_the_allowance(spark: S
     ]
     got = [reasons for reasons, _ in outcomes(spark, values, rules)]
     assert got == [[], ["event_time_in_future"], [], ["event_time_too_old"]]
+
+
+def test_one_validator_judges_each_batch_by_its_own_clock(spark: SparkSession, rules: Rules) -> None:
+    """A stream builds its checks once (batch.Validator); the clock still comes from each batch, never the first."""
+    validator = batch.Validator.of(rules)
+    skew, lateness = rules.max_future_skew_ms, rules.max_lateness_ms
+    values = [encode(event(event_time=NOW_MS + skew + 1)), encode(event(event_time=NOW_MS - lateness))]
+    now = batch.BatchInfo(1, NOW)
+    later = batch.BatchInfo(2, NOW + timedelta(milliseconds=1))
+    got = {}
+    for info in (now, later, now):  # the same expressions, a clock each time, and back
+        validated = validator(kafka_rows(spark, values), info)
+        assert batch.BATCH_CLOCK not in validated.columns
+        # The clock column is folded into the checks: the optimizer leaves no reference to it.
+        assert batch.BATCH_CLOCK not in validated._jdf.queryExecution().optimizedPlan().toString()
+        rows = validated.orderBy("offset").select("reasons").collect()
+        got[info.batch_id] = [list(r.reasons) for r in rows]
+    assert got[1] == [["event_time_in_future"], []]
+    assert got[2] == [[], ["event_time_too_old"]]
 
 
 def test_actions_warn_drop_and_fail(spark: SparkSession, local_settings: Settings) -> None:
