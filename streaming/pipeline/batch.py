@@ -54,7 +54,7 @@ class BatchInfo:
         return round(self.ingest_time.timestamp() * 1000)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # Columns don't compare to a bool
 class Validator:
     """The validation's expressions for one Rules, built once and applied to every batch.
 
