@@ -45,20 +45,41 @@ def pytest_configure(config: pytest.Config) -> None:
     sigterm_interrupts()  # a `kill` of pytest stops the stack and the jobs tests started, as Ctrl-C does
 
 
+# Integration modules that run on the unit tests' worker, after them: without them that worker idled for two
+# thirds of the run while the other ran the integration tests alone. Each worker starts its own test stack, so the two
+# share no broker, bucket or Prometheus.
+BESIDE_UNIT = frozenset(
+    f"tests/integration/{name}.py"
+    for name in (
+        "test_replay_determinism",
+        "test_exactly_once",
+        "test_table_ops",
+        "test_evolution_and_errors",
+        "test_pipeline",
+        "test_first_start",
+    )
+)
+
+
+def worker_scope(nodeid: str) -> str:
+    """Which of `make test`'s two workers runs a test: "unit" (the unit tests, then BESIDE_UNIT) or "stack"."""
+    if nodeid.startswith("tests/unit/") or nodeid.split("::")[0] in BESIDE_UNIT:
+        return "unit"
+    return "stack"
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` (pytest-xdist, `-n 2`): the unit tests whole on one worker, everything that uses the test stack
-    whole on the other, each in file order. The unit tests' Spark driver plans on one core and left a third of the
-    two cores idle, which the integration tests take. (xdist's own `--dist loadgroup` can't do it with pytest 9.2:
-    it renames `item._nodeid`, which pytest no longer reads. Two workers sharing the integration tests were tried
-    and were slower: README, Tests.)"""
+    """`make test` (pytest-xdist, `-n 2`): two scopes, each whole on one worker in file order (`worker_scope`).
+    (xdist's own `--dist loadgroup` can't do it with pytest 9.2: it renames `item._nodeid`, which pytest no longer
+    reads. Handing the integration tests out one by one was tried and was slower: README, Tests.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class UnitBesideStack(LoadScopeScheduling):
+    class TwoScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "unit" if nodeid.startswith("tests/unit/") else "stack"
+            return worker_scope(nodeid)
 
-    return UnitBesideStack(config, log)
+    return TwoScopes(config, log)
 
 
 def _ports(layout: StackLayout, reuse: bool) -> tuple[int, int, int, int]:
@@ -96,8 +117,10 @@ def _overrides(home: Path, kafka_port: int, minio_port: int, prometheus_port: in
 def stack_layout(tmp_path_factory: pytest.TempPathFactory) -> StackLayout:
     """Home of the test stack: a temp dir (or var/test-stack with IOTLAKE_TEST_REUSE_STACK=1)."""
     if os.environ.get(REUSE_ENV) == "1":
-        REUSE_HOME.mkdir(parents=True, exist_ok=True)
-        return StackLayout(home=REUSE_HOME, cache=default_cache())
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # each xdist worker has a stack of its own
+        home = REUSE_HOME if worker == "gw0" else REUSE_HOME.with_name(f"{REUSE_HOME.name}-{worker}")
+        home.mkdir(parents=True, exist_ok=True)
+        return StackLayout(home=home, cache=default_cache())
     return StackLayout(home=tmp_path_factory.mktemp("stack"), cache=default_cache())
 
 
