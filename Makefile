@@ -4,8 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DURATION ?= 120
 PYTEST_ARGS ?=
-# `make test` runs the unit tests in a second pytest worker beside the integration tests (tests/conftest.py);
-# TEST_WORKERS=0: everything in one process.
+# `make test` runs two pytest workers, each with a test stack of its own: the unit tests and six integration modules
+# on one, the other integration modules on the other (tests/conftest.py); TEST_WORKERS=0: everything in one process.
 TEST_WORKERS ?= 2
 CLUSTER ?=
 
