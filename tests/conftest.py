@@ -115,7 +115,8 @@ def _overrides(home: Path, kafka_port: int, minio_port: int, prometheus_port: in
 
 @pytest.fixture(scope="session")
 def stack_layout(tmp_path_factory: pytest.TempPathFactory) -> StackLayout:
-    """Home of the test stack: a temp dir (or var/test-stack with IOTLAKE_TEST_REUSE_STACK=1)."""
+    """Home of this worker's test stack: a temp dir (with IOTLAKE_TEST_REUSE_STACK=1, var/test-stack, -gw1 after it
+    for the second xdist worker)."""
     if os.environ.get(REUSE_ENV) == "1":
         worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # each xdist worker has a stack of its own
         home = REUSE_HOME if worker == "gw0" else REUSE_HOME.with_name(f"{REUSE_HOME.name}-{worker}")
