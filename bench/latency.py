@@ -202,12 +202,18 @@ def tiny_figures(parts: list[dict[str, Any]], max_messages: int, skip: int) -> d
     if not tiny:
         sizes = [p["messages"] for p in parts]
         raise BenchError(f"no batch of 1..{max_messages} messages after the first {skip} (batches: {sizes})")
+    upserting = [p["trigger_s"] for p in tiny if "device_state_merge_s" in p]  # the others only folded theirs
     return {
         "tiny_batch_s": round(median([p["trigger_s"] for p in tiny]), 3),
         "tiny_batch_foreach_s": round(median([p["foreach_batch_s"] for p in tiny]), 3),
         "tiny_batches": len(tiny),
         "tiny_trigger_s": summarize([p["trigger_s"] for p in tiny]),
         "tiny_messages": summarize([p["messages"] for p in tiny], 1),
+        "tiny_batches_upserting_device_state": len(upserting),
+        "tiny_trigger_s_upserting_device_state": summarize(upserting),
+        "tiny_trigger_s_folding_device_state": summarize(
+            [p["trigger_s"] for p in tiny if "device_state_merge_s" not in p]
+        ),
     }
 
 
@@ -218,7 +224,8 @@ def run_tiny(stack: BenchStack, workdir: Path, params: TinyParams, echo: Any = p
     result = {**tiny_figures(latency["per_batch"], params.max_messages, params.skip), "latency": latency}
     echo(
         f"tiny: {result['tiny_batches']} batches of {result['tiny_messages'].get('p50', 0):.0f} messages (p50): "
-        f"{result['tiny_batch_s']:.2f} s a trigger, {result['tiny_batch_foreach_s']:.2f} s in foreachBatch"
+        f"{result['tiny_batch_s']:.2f} s a trigger, {result['tiny_batch_foreach_s']:.2f} s in foreachBatch; "
+        f"{result['tiny_batches_upserting_device_state']} of them upserted device_state"
     )
     return result
 

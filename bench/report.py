@@ -112,6 +112,18 @@ def verdict(value: Any, target: Target) -> str:
     return "met" if target.met(float(value)) else "**not met**"
 
 
+def _device_state_split(tiny: dict[str, Any]) -> str:
+    """The tiny batches that upserted device_state and those that only folded theirs (results before the fold: "")."""
+    upserting = tiny.get("tiny_trigger_s_upserting_device_state")
+    folding = tiny.get("tiny_trigger_s_folding_device_state")
+    if not upserting or not folding or not folding.get("count"):
+        return ""
+    return (
+        f" {upserting.get('count', 0)} of them upserted device_state ({upserting.get('p50', 0):.2f} s, median), "
+        f"{folding['count']} only folded theirs ({folding.get('p50', 0):.2f} s)."
+    )
+
+
 def markdown(result: Mapping[str, Any]) -> str:
     """A short report: the figures against the targets, then what bounds them."""
     m = result["machine"]
@@ -218,7 +230,7 @@ def notes(result: Mapping[str, Any]) -> list[str]:
             f"{tiny['tiny_batches']} with {tiny['tiny_messages'].get('p50', 0):.0f} messages (p50): whole trigger "
             f"(offsets written -> quarantine, readings, device_state -> commit written) {tiny['tiny_batch_s']:.2f} s "
             f"(median; max {tiny['tiny_trigger_s'].get('max', 0):.2f} s), of which foreachBatch "
-            f"{tiny['tiny_batch_foreach_s']:.2f} s."
+            f"{tiny['tiny_batch_foreach_s']:.2f} s.{_device_state_split(tiny)}"
         )
     mer = s.get("merge")
     if mer and "error" not in mer:

@@ -248,7 +248,7 @@ INGESTION = _dashboard(
         _graph(
             "Batch steps",
             "The last batch's wall time inside foreachBatch, by step (validate, quarantine_append, "
-            "readings_merge, device_state_merge).",
+            "readings_merge, and device_state_merge or, between its upserts, device_state_fold).",
             "s",
             Query("max by (step) (iot_ingest_batch_step_seconds)", "{{step}}"),
             stacked=True,

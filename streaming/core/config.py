@@ -152,6 +152,7 @@ class SparkClusterConfig:
 class IngestConfig:
     checkpoint_location: str = "checkpoints/ingest"
     trigger_interval: str = "1 second"
+    device_state_interval: str = "5 seconds"  # device_state is upserted at most this often (0: every batch)
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
     checkpoint_lease_ttl: str = "60 seconds"  # an s3a:// checkpoint's lock: a dead job's lease expires after this
@@ -166,6 +167,10 @@ class IngestConfig:
     @property
     def checkpoint_lease_ttl_s(self) -> float:
         return parse_duration(self.checkpoint_lease_ttl, "ingest.checkpoint_lease_ttl")
+
+    @property
+    def device_state_interval_s(self) -> float:
+        return parse_duration(self.device_state_interval, "ingest.device_state_interval")
 
 
 @dataclass(frozen=True)
@@ -583,6 +588,10 @@ def _validate(s: Settings) -> None:
             f"spark.preinstalled_jars must be one of {list(PREINSTALLED_JARS)}, got {s.spark.preinstalled_jars!r}."
         )
     parse_duration(s.ingest.trigger_interval, "ingest.trigger_interval")
+    if s.ingest.device_state_interval_s < 0:
+        raise ConfigError(
+            f"ingest.device_state_interval must be 0 (every batch) or more, got {s.ingest.device_state_interval!r}."
+        )
     if s.ingest.checkpoint_lease_ttl_s < 10:
         raise ConfigError(
             f"ingest.checkpoint_lease_ttl must be at least 10 seconds (renewed every third of it), "

@@ -15,7 +15,6 @@ import operator
 import shlex
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -25,6 +24,7 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any, TextIO
 
 from streaming.core.catalog import LakeTable, lake_tables, resolve_table
+from streaming.core.commit_tags import PURGE, commit_tag, parse_tag
 from streaming.core.config import Settings, parse_duration
 from streaming.core.errors import (
     ConcurrentWriteError,
@@ -65,8 +65,6 @@ KEY_METRICS = (
 DEFAULT_DELETED_FILE_RETENTION = "interval 1 week"  # Delta's default for delta.deletedFileRetentionDuration
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
-TAG_PREFIX = "iotlake"  # our commits' userMetadata: "iotlake <operation> <uuid> [<details as JSON>]"
-PURGE = "delete-device"
 # A DELETE that loses the race to the stream's commit is run again, with the stream's backoff
 # (streaming.pipeline.tables.retry_on_conflict: 0.5 s doubling to 8 s): 8 attempts wait about 30 s in all.
 DELETE_ATTEMPTS = 8
@@ -164,28 +162,6 @@ def confirm(question: str, *, assume_yes: bool, stdin: TextIO, stdout: TextIO, r
     stdout.write(f"{question} [y/N] ")
     stdout.flush()
     return stdin.readline().strip().lower() in ("y", "yes")
-
-
-def commit_tag(operation: str, **details: str) -> str:
-    """A unique userMetadata for one of our commits: history finds it, and `details` say what it did."""
-    tag = f"{TAG_PREFIX} {operation} {uuid.uuid4().hex}"
-    return f"{tag} {json.dumps(details, sort_keys=True)}" if details else tag
-
-
-def parse_tag(user_metadata: str | None) -> tuple[str, dict[str, str]] | None:
-    """(operation, details) of a commit_tag; None for any other userMetadata. Unreadable details are {}."""
-    parts = (user_metadata or "").split(" ", 3)
-    if len(parts) < 3 or parts[0] != TAG_PREFIX:
-        return None
-    details: dict[str, str] = {}
-    if len(parts) == 4:
-        try:
-            loaded = json.loads(parts[3])
-        except ValueError:
-            loaded = {}
-        if isinstance(loaded, dict):
-            details = {str(k): str(v) for k, v in loaded.items()}
-    return parts[1], details
 
 
 @dataclass(frozen=True)

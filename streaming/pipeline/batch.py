@@ -147,10 +147,10 @@ def readings(validated: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
 
 def dedup_first(rows: DataFrame, key: tuple[str, ...], order: tuple[str, ...]) -> DataFrame:
     """One row per key: the smallest by `order` (unique per row), so a replayed batch picks the same row."""
-    return _first_per_key(rows, key, [F.col(c).asc() for c in order])
+    return first_per_key(rows, key, [F.col(c).asc() for c in order])
 
 
-def _first_per_key(rows: DataFrame, key: tuple[str, ...], order: list[Column]) -> DataFrame:
+def first_per_key(rows: DataFrame, key: tuple[str, ...], order: list[Column]) -> DataFrame:
     """The first row of each key by `order`: a window's row number.
 
     Not `min_by`/`max_by(struct(every column))`: that aggregate's buffer is a struct, which Spark can only
@@ -165,7 +165,7 @@ def latest_per_device(readings_df: DataFrame) -> DataFrame:
     names = [c.name for c in DEVICE_STATE_COLUMNS if c.name != "ingest_time"]
     extra = [c for c in readings_df.columns if c not in {col.name for col in READINGS_COLUMNS}]
     cols = [*names, *extra, "ingest_time"]
-    return _first_per_key(readings_df.select(*cols), ("device_id",), [F.col(c).desc() for c in DEVICE_ORDER])
+    return first_per_key(readings_df.select(*cols), ("device_id",), [F.col(c).desc() for c in DEVICE_ORDER])
 
 
 def quarantine(validated: DataFrame, info: BatchInfo) -> DataFrame:

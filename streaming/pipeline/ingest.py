@@ -32,6 +32,7 @@ from streaming.core.storage import delta_storage_options
 from streaming.pipeline import batch, kafka_batch
 from streaming.pipeline.batch_clock import BatchClocks
 from streaming.pipeline.checkpoint import CheckpointLock, check_not_older, read_state, txn_versions
+from streaming.pipeline.device_state import DeviceStateFolder, PurgeRepair, catch_up
 from streaming.pipeline.faults import Faults
 from streaming.pipeline.metrics import IngestMetrics
 from streaming.pipeline.rules import Rules
@@ -82,8 +83,38 @@ class BatchWriter:
         self.validator = batch.Validator.of(Rules.from_settings(settings, tables.evolved_columns()))
         self.reports: list[BatchReport] = []
         self.newest_event = 0.0
+        repair = PurgeRepair(spark, tables, lambda: self._evolving, lambda write: self._retry(write, "device_state"))
+        self.device_state = DeviceStateFolder(
+            self.upsert_device_state, settings.ingest.device_state_interval_s, after_upsert=repair
+        )
+        self._busy = threading.Lock()  # a batch, or a device_state upsert between batches: one at a time
 
     def __call__(self, raw: DataFrame, batch_id: int) -> None:
+        with self._busy:
+            self._run_batch(raw, batch_id)
+
+    def flush_device_state(self, *, wait: bool) -> None:
+        """Upsert the folded device states: if due and no batch is running (`wait=False`), or now (at the end).
+
+        A failure is logged, not raised: the folded rows are kept for the next try, and they are in readings, from
+        which the next start brings device_state up to date (streaming.pipeline.device_state).
+        """
+        if not self._busy.acquire(blocking=wait):
+            return
+        try:
+            if wait or self.device_state.due():
+                self.device_state.flush()
+        except Exception as e:  # see the docstring
+            log.warning(
+                "device_state upsert failed (%d batches folded, their rows are in readings; the next try, or the "
+                "next start, upserts them): %s",
+                self.device_state.pending,
+                str(e).splitlines()[0][:500],
+            )
+        finally:
+            self._busy.release()
+
+    def _run_batch(self, raw: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         self.check_lock()  # a job that lost its checkpoint lease writes nothing more
         query_id = self._query_id()
@@ -220,14 +251,16 @@ class BatchWriter:
 
     def _merge_device_state(self, rows: DataFrame, txn: Callable[[str], Txn | None], steps: dict[str, float]) -> int:
         began = time.monotonic()
-        latest = batch.latest_per_device(rows)
-        state = self._retry(
-            lambda: self.tables.upsert_device_state(latest, txn("device_state"), self._evolving), "device_state"
-        )
-        steps["device_state_merge"] = time.monotonic() - began
+        state = self.device_state.add(rows, txn("device_state"))
+        steps["device_state_merge" if state is not None else "device_state_fold"] = time.monotonic() - began
+        return 0 if state is None else state.inserted + state.updated
+
+    def upsert_device_state(self, latest: DataFrame, txn: Txn | None) -> MergeResult:
+        """One device_state MERGE of the newest rows per device, retried on a conflict and counted."""
+        state = self._retry(lambda: self.tables.upsert_device_state(latest, txn, self._evolving), "device_state")
         self.metrics.merged.labels("device_state", "inserted").inc(state.inserted)
         self.metrics.merged.labels("device_state", "updated").inc(state.updated)
-        return state.inserted + state.updated
+        return state
 
     @property
     def _evolving(self) -> bool:
@@ -331,13 +364,17 @@ def claim_checkpoint(files: HadoopFiles, settings: Settings) -> None:
         )
 
 
-def guard_checkpoint(settings: Settings, files: HadoopFiles) -> None:
-    """Refuse a checkpoint older than the tables (streaming.pipeline.checkpoint), before anything is written."""
+def guard_checkpoint(settings: Settings, files: HadoopFiles) -> tuple[str, dict[str, int | None]] | None:
+    """Refuse a checkpoint older than the tables (streaming.pipeline.checkpoint), before anything is written.
+
+    Returns the query id and each table's transaction version for it, or None for a new checkpoint.
+    """
     state = read_state(files)
     if state.query_id is None:
-        return  # a new checkpoint: a new query id, which no table has seen
+        return None  # a new checkpoint: a new query id, which no table has seen
     versions = txn_versions(settings, delta_storage_options(settings), state.query_id)
     check_not_older(state, versions, files.directory)
+    return state.query_id, versions
 
 
 def start_query(
@@ -382,7 +419,7 @@ def run(
         spark.streams.addListener(listener)  # first in the try: the finally always removes it
         lock.acquire()
         claim_checkpoint(files, settings)
-        guard_checkpoint(settings, files)
+        known = guard_checkpoint(settings, files)
         tables = LakeTables(spark, settings)
         tables.ensure(on_created=lambda name: faults.crash_if("after_create", name))
         if wants_warm_up(settings, available_now):
@@ -390,6 +427,10 @@ def run(
                 spark, settings, lambda scratch, on: BatchWriter(spark, scratch, on, IngestMetrics(), label="warm-up")
             )
         writer = BatchWriter(spark, settings, tables, metrics, faults, lock.check)
+        if known is not None:  # folded device states a crash lost: from the readings they came from
+            query_id, versions = known
+            app_id = txn_app_id(query_id, "device_state")
+            catch_up(spark, tables, writer.upsert_device_state, app_id, versions["readings"], versions["device_state"])
         try:
             query = start_query(spark, settings, writer, available_now)
         except Exception as e:
@@ -397,12 +438,14 @@ def run(
         log.info("streaming query %s started (checkpoint %s)", query.id, settings.ingest.checkpoint_uri)
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
+            writer.flush_device_state(wait=False)  # an idle stream runs no batch to upsert them
         if query.isActive:
             log.info("stopping the streaming query (signal received)")
             query.stop()
         error = query.exception()
         if error is not None:
             raise _explain(error, settings)
+        writer.flush_device_state(wait=True)
         return writer.reports
     finally:
         for sig, handler in previous.items():

@@ -61,7 +61,7 @@ class IngestMetrics:
         )
         self.step_seconds = Gauge(
             "iot_ingest_batch_step_seconds",
-            "Last batch's wall time by step (validate, quarantine_append, readings_merge, device_state_merge)",
+            "Last batch's wall time by step (validate, quarantine_append, readings_merge, device_state_merge or _fold)",
             ["step"],
             registry=r,
         )

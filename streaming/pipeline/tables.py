@@ -219,6 +219,25 @@ class LakeTables:
         with self._transaction(txn):
             return _merge_result(builder.execute())
 
+    def replace_device_states(self, source: DataFrame, devices: Sequence[str], evolve: bool) -> MergeResult:
+        """Make these devices' rows exactly `source` (their newest readings): update or insert them whatever their
+        order, and delete those of the devices with no row in `source`."""
+        target = DeltaTable.forPath(self.spark, self.device_state_uri).alias("t")
+        builder = target.merge(source.alias("s"), F.col("t.device_id") == F.col("s.device_id"))
+        if evolve:
+            builder = builder.withSchemaEvolution()
+        builder = builder.whenMatchedUpdateAll().whenNotMatchedInsertAll()
+        builder = builder.whenNotMatchedBySourceDelete(condition=F.col("t.device_id").isin(list(devices)))
+        return _merge_result(builder.execute())
+
+    def commits_after(self, uri: str, version: int, look: int = 20) -> list[tuple[int, str | None]]:
+        """(version, userMetadata) of the table's commits after `version`, oldest first."""
+        history = DeltaTable.forPath(self.spark, uri)
+        rows = history.history(look).select("version", "userMetadata").collect()
+        if rows and min(r["version"] for r in rows) > version + 1:  # more than `look` since: read them all
+            rows = history.history().select("version", "userMetadata").where(F.col("version") > version).collect()
+        return sorted((int(r["version"]), r["userMetadata"]) for r in rows if r["version"] > version)
+
     def append_quarantine(self, rows: DataFrame, txn: Txn | None) -> None:
         """Append rejected records; the writer options make a replayed batch a no-op."""
         writer = rows.write.format("delta").mode("append")

@@ -61,6 +61,23 @@ def simulate(settings: Settings, out: Path, *flags: str, count: int = 20_000, se
     return json.loads(summary.read_text())
 
 
+def combine_summaries(*runs: dict[str, Any]) -> dict[str, Any]:
+    """What several simulator runs into one topic sent, as one summary for assert_tables_match."""
+    combined: dict[str, Any] = {
+        "valid_distinct": sum(r["valid_distinct"] for r in runs),
+        "malformed_total": sum(r["malformed_total"] for r in runs),
+        "malformed_by_kind": dict(sum((Counter(r["malformed_by_kind"]) for r in runs), Counter())),
+        "latest_by_device": {},
+    }
+    latest = combined["latest_by_device"]
+    for one in runs:
+        for device, newest in one["latest_by_device"].items():
+            held = latest.get(device)
+            if held is None or (newest["event_time"], newest["seq"]) > (held["event_time"], held["seq"]):
+                latest[device] = newest
+    return combined
+
+
 def trigger_cap(settings: Settings, messages: int, batches: int) -> str:
     """The maxOffsetsPerTrigger that reads `messages` in exactly `batches` batches.
 

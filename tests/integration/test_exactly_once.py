@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections import Counter
 from pathlib import Path
@@ -10,7 +11,15 @@ import pytest
 from pyspark.sql import SparkSession
 
 from streaming.core.config import Settings
-from tests.integration.lake import delta_log_actions, explain, ingest, read_table, run_ingest, simulate
+from tests.integration.lake import (
+    combine_summaries,
+    delta_log_actions,
+    explain,
+    ingest,
+    read_table,
+    run_ingest,
+    simulate,
+)
 from tests.integration.test_pipeline import FAULTS, assert_tables_match
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -67,3 +76,36 @@ def test_negative_control_without_transaction_ids_duplicates_the_replayed_batch(
     assert {
         q["ingest_batch_id"] for q in quarantine if coordinates[(q["kafka_partition"], q["kafka_offset"])] == 2
     } == {CRASH_BATCH}
+
+
+def test_device_states_folded_before_a_crash_are_caught_up_from_readings(
+    spark: SparkSession,
+    settings: Settings,
+    test_env: dict[str, str],
+    stack_secrets: dict[str, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """device_state upserted once an hour: batch 1's newest readings per device are only folded in the driver when
+    the job is killed after batch 2. Batch 1 is committed and never replayed; its device states must come back
+    from readings, or most devices keep batch 0's reading."""
+    summary = combine_summaries(
+        simulate(settings, tmp_path, *FAULTS, count=8_000), simulate(settings, tmp_path, count=3, seed=8)
+    )
+    env = {
+        **test_env,
+        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": "4000",
+        "IOTLAKE_INGEST__DEVICE_STATE_INTERVAL": "1 hour",
+    }
+    crashed = run_ingest({**env, "IOTLAKE_TEST_CRASH": "after_batch:2"})
+    assert crashed.returncode == -signal.SIGKILL, explain(crashed)
+    checkpoint = Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"])
+    assert (checkpoint / "commits" / "1").exists() and not (checkpoint / "commits" / "2").exists()
+    versions = [t["version"] for t in delta_log_actions(settings, "device_state", "txn")]
+    assert versions == [0], "batches 1 and 2 should have been folded, not upserted"
+
+    with caplog.at_level(logging.INFO, logger="iotlake.device_state"):
+        ingest(spark, env)
+    assert "device_state caught up with readings: batches 1 to 2" in caplog.text
+    assert sorted(t["version"] for t in delta_log_actions(settings, "device_state", "txn")) == [0, 2]
+    assert_tables_match(settings, stack_secrets, summary)

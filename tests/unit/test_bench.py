@@ -212,16 +212,20 @@ def test_markdown_with_sections_missing() -> None:
 
 
 def test_a_tiny_batch_is_a_whole_trigger_of_at_most_100_messages_after_the_warm_up() -> None:
-    def part(messages: int, trigger_s: float) -> dict[str, Any]:
-        return {"messages": messages, "foreach_batch_s": trigger_s - 0.5, "trigger_s": trigger_s}
+    def part(messages: int, trigger_s: float, upsert_s: float | None = None) -> dict[str, Any]:
+        times = {} if upsert_s is None else {"device_state_merge_s": upsert_s}  # its device_state commit's MERGE
+        return {"messages": messages, "foreach_batch_s": trigger_s - 0.5, "trigger_s": trigger_s, **times}
 
-    warm_up = [part(40, 30.0), part(60, 12.0)]
-    parts = [*warm_up, part(50, 7.0), part(101, 2.0), part(45, 9.0), part(0, 1.0), part(55, 8.0)]
+    warm_up = [part(40, 30.0, 1.0), part(60, 12.0, 1.0)]
+    parts = [*warm_up, part(50, 7.0), part(101, 2.0), part(45, 9.0, 1.5), part(0, 1.0), part(55, 8.0)]
     parts.append({"messages": 20, "foreach_batch_s": 1.0})  # its commit never written: no whole trigger
     figures = tiny_figures(parts, max_messages=100, skip=2)
     assert figures["tiny_batch_s"] == 8.0  # median of 7, 9, 8: not the warm-up, the 101-message or the empty batch
     assert figures["tiny_batch_foreach_s"] == 7.5
     assert figures["tiny_batches"] == 3
+    assert figures["tiny_batches_upserting_device_state"] == 1
+    assert figures["tiny_trigger_s_upserting_device_state"]["p50"] == 9.0
+    assert figures["tiny_trigger_s_folding_device_state"]["p50"] == 7.5
     with pytest.raises(BenchError, match=r"no batch of 1\.\.100 messages"):
         tiny_figures([*warm_up, part(500, 3.0)], max_messages=100, skip=2)
 

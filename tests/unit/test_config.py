@@ -142,6 +142,8 @@ def test_kafka_options_and_spark_conf_from_nested_env_keep_their_text() -> None:
         ({"IOTLAKE_VALIDATION__ACTIONS__NO_SUCH_RULE": "drop"}, "unknown rule"),
         ({"IOTLAKE_VALIDATION__MAX_LATENESS": "forever"}, "validation.max_lateness"),
         ({"IOTLAKE_INGEST__EXACTLY_ONCE": "false"}, "ingest.exactly_once"),  # a test hook now: env only
+        ({"IOTLAKE_INGEST__DEVICE_STATE_INTERVAL": "-1 seconds"}, "ingest.device_state_interval"),
+        ({"IOTLAKE_INGEST__DEVICE_STATE_INTERVAL": "often"}, "ingest.device_state_interval"),
         ({"IOTLAKE_STORAGE__BASE_URI": "bucket/path"}, "storage.base_uri"),
         ({"IOTLAKE_VALIDATION__REQUIRED": "[device_id]"}, "validation.required"),
     ],

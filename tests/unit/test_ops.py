@@ -12,6 +12,7 @@ import pytest
 
 from streaming.cli import build_parser, main
 from streaming.core.catalog import lake_tables, resolve_table
+from streaming.core.commit_tags import commit_tag, parse_tag, purged_device
 from streaming.core.config import Settings, TableConfig, TablesConfig
 from streaming.core.errors import (
     ConcurrentWriteError,
@@ -29,7 +30,6 @@ from streaming.lake.ops import (
     RestoreResult,
     ShowResult,
     _delta_errors,
-    commit_tag,
     confirm,
     format_delete_report,
     format_history,
@@ -37,7 +37,6 @@ from streaming.lake.ops import (
     format_show,
     jsonable,
     key_metrics,
-    parse_tag,
     parse_timestamp,
     purge_warning,
     purges_in,
@@ -204,6 +203,9 @@ def test_commit_tags_carry_the_operation_and_its_details() -> None:
     assert parse_tag(commit_tag("restore")) == ("restore", {})
     assert parse_tag("iotlake delete-device 0123abcd") == ("delete-device", {})  # tags before devices were named
     assert parse_tag("iotlake delete-device 0123abcd {not json") == ("delete-device", {})
+    assert purged_device(commit_tag("delete-device", device_id="dev-7")) == "dev-7"
+    assert purged_device(commit_tag("restore", device_id="dev-7")) is None
+    assert purged_device("iotlake delete-device 0123abcd") is None  # a tag from before devices were named
     for other in (None, "", "nightly backfill", "iotlake"):
         assert parse_tag(other) is None
 
