@@ -230,12 +230,18 @@ class LakeTables:
         builder = builder.whenNotMatchedBySourceDelete(condition=F.col("t.device_id").isin(list(devices)))
         return _merge_result(builder.execute())
 
-    def commits_after(self, uri: str, version: int, look: int = 20) -> list[tuple[int, str | None]]:
-        """(version, userMetadata) of the table's commits after `version`, oldest first."""
-        history = DeltaTable.forPath(self.spark, uri)
-        rows = history.history(look).select("version", "userMetadata").collect()
-        if rows and min(r["version"] for r in rows) > version + 1:  # more than `look` since: read them all
-            rows = history.history().select("version", "userMetadata").where(F.col("version") > version).collect()
+    def commits_after(self, uri: str, version: int) -> list[tuple[int, str | None]]:
+        """(version, userMetadata) of the table's commits after `version`, oldest first.
+
+        Delta reads one commit file per entry of history(n), so it asks for a few, then more while they fall short.
+        """
+        table = DeltaTable.forPath(self.spark, uri)
+        look = 4
+        while True:
+            rows = table.history(look).select("version", "userMetadata").collect()
+            if len(rows) < look or min(r["version"] for r in rows) <= version + 1:
+                break
+            look *= 4
         return sorted((int(r["version"]), r["userMetadata"]) for r in rows if r["version"] > version)
 
     def append_quarantine(self, rows: DataFrame, txn: Txn | None) -> None:
