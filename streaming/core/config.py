@@ -152,7 +152,7 @@ class SparkClusterConfig:
 class IngestConfig:
     checkpoint_location: str = "checkpoints/ingest"
     trigger_interval: str = "1 second"
-    device_state_interval: str = "5 seconds"  # device_state is upserted at most this often (0: every batch)
+    device_state_interval: str = "10 seconds"  # device_state is upserted at most this often (0: every batch)
     metrics_port: int = 9108
     metrics_host: str = "127.0.0.1"
     checkpoint_lease_ttl: str = "60 seconds"  # an s3a:// checkpoint's lock: a dead job's lease expires after this

@@ -74,27 +74,34 @@ class DeviceStateFolder:
 
     def due(self) -> bool:
         """Folded rows wait and the interval has passed since the last upsert."""
-        return bool(self._folds) and self.clock() - self._last >= self.interval_s
+        return bool(self._folds) and self._interval_passed()
+
+    def _interval_passed(self) -> bool:
+        return self.clock() - self._last >= self.interval_s
 
     def add(self, readings: DataFrame, txn: Txn | None) -> MergeResult | None:
-        """Fold one batch's readings (cached by the caller); upsert if due. The result, or None if only folded."""
+        """Fold one batch's readings (cached by the caller), or upsert them with everything folded before if the
+        interval has passed. The result, or None if only folded."""
         latest = batch.latest_per_device(readings)
-        if self.interval_s <= 0:
-            self._last = self.clock()
-            result = self.upsert(latest, txn)
-            self.after_upsert()
-            return result
-        fold = latest.withColumn(FOLD, F.lit(len(self._folds))).persist(StorageLevel.MEMORY_AND_DISK)
+        if self._interval_passed():  # this batch's rows need not be kept: upserted now, from the batch's cache
+            source = latest if not self._folds else newest_of_folds([*self._folds, self._tagged(latest)])
+            return self._upsert(source, txn)
+        fold = self._tagged(latest).persist(StorageLevel.MEMORY_AND_DISK)
         fold.count()  # materialised now: the batch's cached rows are released when it ends
         self._folds.append(fold)
         self._txn = txn
-        return self.flush() if self.due() else None
+        return None
 
     def flush(self) -> MergeResult | None:
         """Upsert everything folded, as the newest folded batch's transaction; None if nothing was folded."""
-        if not self._folds:
-            return None
-        result = self.upsert(newest_of_folds(self._folds), self._txn)
+        return self._upsert(newest_of_folds(self._folds), self._txn) if self._folds else None
+
+    def _tagged(self, latest: DataFrame) -> DataFrame:
+        """A batch's newest rows per device, marked as the next fold."""
+        return latest.withColumn(FOLD, F.lit(len(self._folds)))
+
+    def _upsert(self, source: DataFrame, txn: Txn | None) -> MergeResult:
+        result = self.upsert(source, txn)
         self.discard()
         self._last = self.clock()
         self.after_upsert()
