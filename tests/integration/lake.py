@@ -206,10 +206,16 @@ def assert_tables_match(settings: Settings, secrets: dict[str, str], summary: di
     assert Counter(q["reason"] for q in quarantine) == expected
     assert all(len(q["reasons"]) == 1 for q in quarantine), "each malformed kind must have one reason"
 
+    assert device_state_differs(settings, secrets, summary) == []
+
+
+def device_state_differs(settings: Settings, secrets: Mapping[str, str], summary: dict) -> list[str]:
+    """The devices whose device_state row is missing, extra, or not the summary's newest event by (event_time, seq)."""
     state = {r["device_id"]: r for r in read_table(settings, "device_state", secrets)}
     latest = summary["latest_by_device"]
-    assert state.keys() == latest.keys()
-    for device, newest in latest.items():
-        row = state[device]
-        got_ms = int(row["event_time"].timestamp() * 1000)
-        assert (got_ms, row["seq"]) == (newest["event_time"], newest["seq"]), device
+    differ = sorted(state.keys() ^ latest.keys())
+    for device in sorted(state.keys() & latest.keys()):
+        row, newest = state[device], latest[device]
+        if (int(row["event_time"].timestamp() * 1000), row["seq"]) != (newest["event_time"], newest["seq"]):
+            differ.append(device)
+    return differ

@@ -19,6 +19,8 @@ from tests.helpers import wait_for
 from tests.integration.lake import (
     assert_tables_match,
     batch_ids,
+    delta_log_actions,
+    device_state_differs,
     explain,
     ingest,
     run_ingest,
@@ -65,8 +67,15 @@ def test_an_older_copy_of_the_checkpoint_is_refused_and_nothing_is_written(
 def test_a_second_job_on_the_same_checkpoint_is_refused(
     spark: SparkSession, settings: Settings, test_env: dict[str, str], stack_secrets: dict[str, str], tmp_path: Path
 ) -> None:
+    """And, the job being up anyway, that an idle stream upserts the device states it holds: batch 1's are kept
+    (device_state every 20 s) and no batch comes after it, so only the job's loop between batches can write them."""
     summary = simulate(settings, tmp_path, *FAULTS, count=3_000)
-    env = {**test_env, "IOTLAKE_INGEST__TRIGGER_INTERVAL": "1 second"}
+    env = {
+        **test_env,
+        "IOTLAKE_INGEST__TRIGGER_INTERVAL": "1 second",
+        "IOTLAKE_KAFKA__MAX_OFFSETS_PER_TRIGGER": trigger_cap(settings, 3_000, batches=2),
+        "IOTLAKE_INGEST__DEVICE_STATE_INTERVAL": "20 seconds",
+    }
     checkpoint = Path(env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"])
     log = tmp_path / "first.log"
     first = start_ingest(env, log)
@@ -82,6 +91,17 @@ def test_a_second_job_on_the_same_checkpoint_is_refused(
             ingest(spark, env)  # this process is the second job
         assert f"pid {first.pid}" in str(refused.value)
         assert first.poll() is None, "the refused job must not disturb the running one"
+
+        wait_for(
+            lambda: first.poll() is not None or not device_state_differs(settings, stack_secrets, summary),
+            180,
+            interval=1.0,
+            message="device_state to hold every device's newest event while the job idles",
+        )
+        assert first.poll() is None, log.read_text()[-3000:]
+        assert batch_ids(checkpoint) == [0, 1]
+        flushed_ms = max(c["timestamp"] for c in delta_log_actions(settings, "device_state", "commitInfo"))
+        assert flushed_ms > (checkpoint / "commits" / "1").stat().st_mtime * 1000, "upserted inside a batch"
     finally:
         code = stop_job(first)
     assert code == 0, log.read_text()[-3000:]
