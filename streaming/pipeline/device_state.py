@@ -102,12 +102,12 @@ class DeviceStateFolder:
 
     def _upsert(self, source: DataFrame, txn: Txn | None) -> MergeResult:
         result = self.upsert(source, txn)
-        self.discard()
+        self._discard()
         self._last = self.clock()
         self.after_upsert()
         return result
 
-    def discard(self) -> None:
+    def _discard(self) -> None:
         """Forget the folded rows (they are in readings; `catch_up` brings them back after a restart)."""
         for fold in self._folds:
             fold.unpersist()
