@@ -13,7 +13,7 @@ from datetime import date
 from functools import reduce
 from typing import TypeVar
 
-from delta.tables import DeltaTable
+from delta.tables import DeltaMergeBuilder, DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -209,12 +209,15 @@ class LakeTables:
         with self._transaction(txn):
             return _merge_result(builder.whenNotMatchedInsertAll().execute())
 
-    def upsert_device_state(self, source: DataFrame, txn: Txn | None, evolve: bool) -> MergeResult:
-        """Upsert the newest reading per device; an older (late, out-of-order) one never wins."""
+    def _device_state_merge(self, source: DataFrame, evolve: bool) -> DeltaMergeBuilder:
+        """A MERGE of `source` into device_state on device_id, evolving the schema if asked."""
         target = DeltaTable.forPath(self.spark, self.device_state_uri).alias("t")
         builder = target.merge(source.alias("s"), F.col("t.device_id") == F.col("s.device_id"))
-        if evolve:
-            builder = builder.withSchemaEvolution()
+        return builder.withSchemaEvolution() if evolve else builder
+
+    def upsert_device_state(self, source: DataFrame, txn: Txn | None, evolve: bool) -> MergeResult:
+        """Upsert the newest reading per device; an older (late, out-of-order) one never wins."""
+        builder = self._device_state_merge(source, evolve)
         builder = builder.whenMatchedUpdateAll(condition=newer_than_target()).whenNotMatchedInsertAll()
         with self._transaction(txn):
             return _merge_result(builder.execute())
@@ -222,11 +225,7 @@ class LakeTables:
     def replace_device_states(self, source: DataFrame, devices: Sequence[str], evolve: bool) -> MergeResult:
         """Make these devices' rows exactly `source` (their newest readings): update or insert them whatever their
         order, and delete those of the devices with no row in `source`."""
-        target = DeltaTable.forPath(self.spark, self.device_state_uri).alias("t")
-        builder = target.merge(source.alias("s"), F.col("t.device_id") == F.col("s.device_id"))
-        if evolve:
-            builder = builder.withSchemaEvolution()
-        builder = builder.whenMatchedUpdateAll().whenNotMatchedInsertAll()
+        builder = self._device_state_merge(source, evolve).whenMatchedUpdateAll().whenNotMatchedInsertAll()
         builder = builder.whenNotMatchedBySourceDelete(condition=F.col("t.device_id").isin(list(devices)))
         return _merge_result(builder.execute())
 
