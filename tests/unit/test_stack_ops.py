@@ -177,8 +177,14 @@ def _handler_installed(pid: int) -> bool:
 
 def test_children_logs_are_appended_private_and_rotated(tmp_path: Path) -> None:
     clock = FakeClock()
-    argv = [sys.executable, "-c", "import sys; sys.stdout.write('x' * 5000); sys.stdout.flush()"]
-    child = _child(tmp_path, clock, RestartPolicy(base_backoff_s=1.0, max_restarts=5), argv)
+    # The first run writes 5 KB (rotated by the tick that notices its exit); the second writes 3 KB, below
+    # max_bytes, so the tick that restarts it can't rotate its output away however fast it writes.
+    ran = tmp_path / "ran-once"
+    code = (
+        f"import sys, pathlib; m = pathlib.Path({str(ran)!r}); n = 3000 if m.exists() else 5000; m.touch();"
+        "sys.stdout.write('x' * n); sys.stdout.flush()"
+    )
+    child = _child(tmp_path, clock, RestartPolicy(base_backoff_s=1.0, max_restarts=5), [sys.executable, "-c", code])
     sup = Supervisor([child], rotation=logrotate.RotationPolicy(max_bytes=4096, keep=2))
     child.start()
     try:
@@ -189,8 +195,10 @@ def test_children_logs_are_appended_private_and_rotated(tmp_path: Path) -> None:
         assert stat.S_IMODE(child.log.stat().st_mode) == stat.S_IMODE(first.stat().st_mode) == 0o600
         clock.now += 10.0
         wait_for(sup.tick, timeout=10, message="the restart")
-        wait_for(lambda: child.log.stat().st_size > 5000, timeout=10, message="the second run's output")
-        assert child.log.read_bytes().count(b"=== ") == 1  # appended to the truncated log, from its start
+        wait_for(lambda: child.log.stat().st_size > 3000, timeout=10, message="the second run's output")
+        second = child.log.read_bytes()
+        assert second.startswith(b"\n=== ") and second.count(b"=== ") == 1  # appended to the truncated log
+        assert second.count(b"x") == 3000 and logrotate.rotated(child.log, 1).read_bytes().count(b"x") == 5000
     finally:
         sup.stop(timeout=10)
 
