@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-high-rate", type=int, help="events/s for the latency_20k run (default 20000)")
     p.add_argument("--latency-warmup", type=float, help="seconds of first rows left out (default 10)")
     p.add_argument("--trigger-interval", help="latency run's trigger interval (default: ingest.trigger_interval)")
+    p.add_argument(
+        "--no-latency-floor", action="store_true", help="skip the latency run's plain-append floor (same traffic)"
+    )
     p.add_argument("--merge-sizes", help="table sizes, comma list (default 1000000,10000000)")
     p.add_argument("--merge-batch", type=int, help="rows per MERGE batch (default 250000)")
     p.add_argument("--merge-runs", type=int, help="timed runs per size and kind, median reported (default 3)")
@@ -90,11 +93,14 @@ def params_from(args: argparse.Namespace) -> dict[str, Any]:
         warmup_s=args.latency_warmup if args.latency_warmup is not None else lat.warmup_s,
         trigger_interval=args.trigger_interval or lat.trigger_interval,
         faults=not args.no_faults,
+        floor=not args.no_latency_floor,
     )
     if args.merge_sizes:
         mer = replace(mer, sizes=tuple(int(x) for x in args.merge_sizes.split(",")))
     mer = replace(mer, batch_rows=args.merge_batch or mer.batch_rows, runs=args.merge_runs or mer.runs)
-    high = replace(lat, name="latency_20k", rate=args.latency_high_rate or (2000 if args.quick else 20_000))
+    high = replace(
+        lat, name="latency_20k", rate=args.latency_high_rate or (2000 if args.quick else 20_000), floor=False
+    )
     return {
         "simulator": sim,
         "sustained": sus,
@@ -132,6 +138,10 @@ FIGURES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
     "sustained_over_floor": ("sustained", _get("sustained_over_floor")),
     "latency_p50_s": ("latency", _get("latency_p50_s")),
     "latency_p99_s": ("latency", _get("latency_p99_s")),
+    "floor_latency_p50_s": ("latency", _get("floor_latency_p50_s")),
+    "floor_latency_p99_s": ("latency", _get("floor_latency_p99_s")),
+    "latency_p50_over_floor": ("latency", _get("latency_p50_over_floor")),
+    "latency_p99_over_floor": ("latency", _get("latency_p99_over_floor")),
     "latency_p99_s_at_20k": ("latency_20k", _get("latency_p99_s")),
     "tiny_batch_s": ("tiny", _get("tiny_batch_s")),
     "merge_time_ratio_10m_over_1m": ("merge", _get("literal_ratio")),

@@ -125,6 +125,11 @@ def run_floor(env: dict[str, str], workdir: Path, timeout_s: float) -> dict[str,
         code = floor.wait(timeout_s)
     finally:
         floor.stop()
+    return floor_output(floor, code)
+
+
+def floor_output(floor: Proc, code: int | None) -> dict[str, Any]:
+    """The JSON line `python -m bench.floor` prints when it ends; BenchError if it failed."""
     lines = [line for line in floor.text().splitlines() if line.startswith("{")]
     if code != 0 or not lines:
         raise BenchError(f"python -m bench.floor exited {code}:\n{floor.tail()}")

@@ -49,17 +49,22 @@ def by_batch(commits: list[Commit]) -> dict[int, Commit]:
 
 def readings_cdf(settings: Settings, starting_version: int = 1) -> pa.Table:
     """Inserted rows of readings from the Change Data Feed: kafka_timestamp, _commit_version, _commit_timestamp."""
+    return table_cdf(settings, settings.tables.readings.name, starting_version)
+
+
+def table_cdf(settings: Settings, table: str, starting_version: int) -> pa.Table:
+    """Inserted rows of a table under storage.base_uri from its Change Data Feed: kafka_timestamp,
+    _commit_version, _commit_timestamp."""
     from deltalake import DeltaTable
 
-    uri = delta_rs_uri(settings.storage.table_uri(settings.tables.readings.name))
-    table = DeltaTable(uri, storage_options=delta_storage_options(settings))
-    reader: Any = table.load_cdf(starting_version=starting_version)
+    uri = delta_rs_uri(settings.storage.table_uri(table))
+    delta = DeltaTable(uri, storage_options=delta_storage_options(settings))
+    reader: Any = delta.load_cdf(starting_version=starting_version)
     utc = pa.timestamp("us", tz="UTC")
     schema = pa.schema(
         [
             pa.field("_change_type", pa.string()),
             pa.field("kafka_timestamp", utc),
-            pa.field("event_time", utc),
             pa.field("_commit_version", pa.int64()),
             pa.field("_commit_timestamp", utc),
         ]

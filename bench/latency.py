@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,13 +10,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench.ingest import per_batch, steady_shares
+from bench import floor as plain_append
+from bench.ingest import floor_output, per_batch, steady_shares
 from bench.job import FAULTS, BenchError, MetricsPoller, Proc, ingest_argv, sim_argv, wait_until_up
-from bench.lake import delta_commits, readings_cdf, trigger_times
+from bench.lake import delta_commits, readings_cdf, table_cdf, trigger_times
 from bench.procs import ProcSampler
 from bench.stack import BenchStack, free_port
 from bench.stats import median, parse_batch_lines, percentile, summarize
-from streaming.core.config import IngestConfig, Settings, load_settings
+from streaming.core.config import IngestConfig, Settings, load_settings, parse_duration
 from streaming.lake.status import stream_status
 
 
@@ -30,19 +32,89 @@ class LatencyParams:
     parcels: int = 20
     faults: bool = True
     drain_timeout_s: float = 1200.0
+    floor: bool = True  # then the same traffic into a plain append (bench.floor --trigger): the latency floor
 
 
 def wait_drained(settings: Settings, job: Proc, timeout: float) -> float:
-    """Seconds until the job's checkpoint has every message of the topic (lag 0); BenchError otherwise."""
+    """Seconds until the query's checkpoint has every message of the topic (lag 0); BenchError otherwise."""
     started = time.monotonic()
     deadline = started + timeout
     while time.monotonic() < deadline:
         if not job.alive():
-            raise BenchError(f"the streaming job exited with {job.popen.returncode}:\n{job.tail()}")
+            raise BenchError(f"{job.name} exited with {job.popen.returncode}:\n{job.tail()}")
         if stream_status(settings).total_lag == 0:
             return time.monotonic() - started
         time.sleep(0.5)
-    raise BenchError(f"the stream still lags after {timeout:.0f} s; log {job.log}")
+    raise BenchError(f"{job.name} still lags after {timeout:.0f} s; log {job.log}")
+
+
+def wait_ready(floor: Proc, timeout: float) -> float:
+    """Seconds until the live floor printed plain_append.READY; BenchError if it exits or times out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not floor.alive():
+            raise BenchError(f"python -m bench.floor exited with {floor.popen.returncode}:\n{floor.tail()}")
+        if plain_append.READY in floor.text():
+            return time.monotonic() - floor.started
+        time.sleep(0.25)
+    raise BenchError(f"python -m bench.floor did not start within {timeout:.0f} s; log {floor.log}")
+
+
+def simulate(settings: Settings, params: LatencyParams, env: dict[str, str], workdir: Path, summary: Path) -> Proc:
+    """sensor-sim at the run's rate for its duration (with make run's fault mix unless params.faults is off)."""
+    argv = sim_argv(
+        settings.kafka.bootstrap_servers,
+        settings.kafka.topic,
+        summary,
+        rate=params.rate,
+        duration=params.duration_s,
+        extra=(
+            "--devices", str(params.devices), "--parcels", str(params.parcels),
+            *(FAULTS if params.faults else ()),
+        ),
+    )  # fmt: skip
+    return Proc.spawn("sensor-sim", argv, env, workdir / f"{summary.stem}.log")
+
+
+def run_floor_latency(stack: BenchStack, workdir: Path, params: LatencyParams) -> dict[str, Any]:
+    """The same traffic (rate, duration, faults, trigger) into a plain append on a topic of its own: produce ->
+    committed with no validation, dedup, quarantine or device_state. The figures the job's are quoted against."""
+    env = stack.workload(f"{params.name}-floor", workdir)
+    settings = load_settings(env=env)
+    trigger = f"{parse_duration(params.trigger_interval, 'trigger_interval'):.3f} seconds"  # as the job sets it
+    argv = [
+        sys.executable, "-m", "bench.floor",
+        "--checkpoint", env["IOTLAKE_INGEST__CHECKPOINT_LOCATION"], "--trigger", trigger,
+    ]  # fmt: skip
+    floor = Proc.spawn("floor", argv, env, workdir / f"{params.name}-floor.log")
+    sim: Proc | None = None
+    try:
+        up_s = wait_ready(floor, timeout=600)
+        sim = simulate(settings, params, env, workdir, workdir / f"{params.name}-floor-sim.json")
+        sim_code = sim.wait(params.duration_s + 180)
+        if sim_code != 0:
+            raise BenchError(f"sensor-sim exited {sim_code}:\n{sim.tail()}")
+        drain_s = wait_drained(settings, floor, params.drain_timeout_s)
+    finally:
+        if sim is not None:
+            sim.stop()
+        code = floor.stop(timeout=180)
+    batches = [b for b in floor_output(floor, code)["batches"] if b["rows"]]
+    values, warm = latencies(table_cdf(settings, plain_append.TABLE, starting_version=0), params.warmup_s)
+    if not values:
+        raise BenchError(f"no rows in the floor's table after the warm-up window; log {floor.log}")
+    return {
+        "rows_after_warmup": len(values),
+        "warmup_rows_left_out": warm,
+        "latency_s": summarize(values),
+        "latency_p50_s": round(percentile(values, 50), 3),
+        "latency_p99_s": round(percentile(values, 99), 3),
+        "until_ready_s": round(up_s, 2),
+        "drain_after_sim_s": round(drain_s, 2),
+        "batches": len(batches),
+        "batch_messages": summarize([b["rows"] for b in batches], 1),
+        "batch_seconds": summarize([b["seconds"] for b in batches]),
+    }
 
 
 def latencies(rows: pa.Table, warmup_s: float) -> tuple[list[float], int]:
@@ -114,18 +186,7 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
     try:
         up_s = wait_until_up(job, poller, timeout=600)
         echo(f"{params.name}: job up after {up_s:.0f} s; sensor-sim at {params.rate}/s for {params.duration_s:.0f} s")
-        argv = sim_argv(
-            settings.kafka.bootstrap_servers,
-            settings.kafka.topic,
-            summary_path,
-            rate=params.rate,
-            duration=params.duration_s,
-            extra=(
-                "--devices", str(params.devices), "--parcels", str(params.parcels),
-                *(FAULTS if params.faults else ()),
-            ),
-        )  # fmt: skip
-        sim = Proc.spawn("sensor-sim", argv, env, workdir / f"{params.name}-sim.log")
+        sim = simulate(settings, params, env, workdir, summary_path)
         sampler.track("simulator", sim.pid)
         sim_code = sim.wait(params.duration_s + 180)
         if sim_code != 0:
@@ -182,7 +243,26 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
         f"{len(values):,} rows; RSS peak job {result['job_rss_peak_gib']:.2f} GiB, "
         f"stack {result['stack_rss_peak_gib']:.2f} GiB"
     )
+    if params.floor:
+        echo(f"{params.name}: the same traffic into a plain append (python -m bench.floor --trigger), its own topic")
+        floor = run_floor_latency(stack, workdir, params)
+        result.update(floor_figures(result, floor))
+        echo(
+            f"{params.name}: floor p50 {floor['latency_p50_s']:.2f} s, p99 {floor['latency_p99_s']:.2f} s; "
+            f"job / floor p50 {result['latency_p50_over_floor']}, p99 {result['latency_p99_over_floor']}"
+        )
     return result
+
+
+def floor_figures(job: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any]:
+    """The floor's run and its latencies beside the job's, as ratios (job / floor) rounded to 0.01."""
+    return {
+        "floor": floor,
+        "floor_latency_p50_s": floor["latency_p50_s"],
+        "floor_latency_p99_s": floor["latency_p99_s"],
+        "latency_p50_over_floor": round(job["latency_p50_s"] / floor["latency_p50_s"], 2),
+        "latency_p99_over_floor": round(job["latency_p99_s"] / floor["latency_p99_s"], 2),
+    }
 
 
 @dataclass(frozen=True)
@@ -219,7 +299,7 @@ def tiny_figures(parts: list[dict[str, Any]], max_messages: int, skip: int) -> d
 
 def run_tiny(stack: BenchStack, workdir: Path, params: TinyParams, echo: Any = print) -> dict[str, Any]:
     """A trickle of messages into the running job: the fixed cost of a batch, end to end."""
-    run = LatencyParams(name="tiny", rate=params.rate, duration_s=params.duration_s, warmup_s=0.0)
+    run = LatencyParams(name="tiny", rate=params.rate, duration_s=params.duration_s, warmup_s=0.0, floor=False)
     latency = run_latency(stack, workdir, run, echo=echo)
     result = {**tiny_figures(latency["per_batch"], params.max_messages, params.skip), "latency": latency}
     echo(

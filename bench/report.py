@@ -41,6 +41,12 @@ TARGETS: tuple[Target, ...] = (
     Target("sustained_over_floor", "sustained ingest / plain append, same run", "x", ">= 0.8", lambda v: v >= 0.8),
     Target("latency_p50_s", "latency p50 at 5,000 events/s", "s", "<= 1.5", lambda v: v <= 1.5),
     Target("latency_p99_s", "latency p99 at 5,000 events/s", "s", "<= 4", lambda v: v <= 4),
+    Target("floor_latency_p50_s", "latency p50 of a plain append, same traffic, same run", "s", "(none)",
+           lambda v: True),
+    Target("floor_latency_p99_s", "latency p99 of a plain append, same traffic, same run", "s", "(none)",
+           lambda v: True),
+    Target("latency_p50_over_floor", "latency p50, job / plain append", "x", "(none)", lambda v: True),
+    Target("latency_p99_over_floor", "latency p99, job / plain append", "x", "(none)", lambda v: True),
     Target("latency_p99_s_at_20k", "latency p99 at 20,000 events/s", "s", "<= 10", lambda v: v <= 10),
     Target("tiny_batch_s", "a batch of <= 100 messages, whole trigger, three tables", "s", "<= 1.0",
            lambda v: v <= 1.0),
@@ -207,6 +213,17 @@ def notes(result: Mapping[str, Any]) -> list[str]:
             f"{lat['trigger_seconds'].get('p50', 0):.1f} s (p50 whole trigger). "
             f"Mean progress phases (s): {lat['progress_phase_means_s']}. Bound: {lat['bound']}."
         )
+        floor = lat.get("floor")
+        if floor:
+            out.append(
+                f"  **Its floor, same run**: the same traffic on a topic of its own into `python -m bench.floor "
+                f"--trigger` (a plain Structured Streaming append, the same trigger): "
+                f"p50 {floor['latency_p50_s']:.2f} s, p99 {floor['latency_p99_s']:.2f} s over "
+                f"{floor['rows_after_warmup']:,} rows; batches of "
+                f"{floor['batch_messages'].get('p50', 0):,.0f} messages "
+                f"in {floor['batch_seconds'].get('p50', 0):.2f} s (p50). "
+                f"Job / floor: p50 {lat['latency_p50_over_floor']}x, p99 {lat['latency_p99_over_floor']}x."
+            )
         out.append(
             f"- **RSS** (sampled every second with psutil during the latency run): "
             f"job {lat['job_rss_peak_gib']:.2f} GiB, stack {lat['stack_rss_peak_gib']:.2f} GiB; "

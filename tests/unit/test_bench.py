@@ -486,3 +486,21 @@ def test_the_suites_cpu_totals_add_up_by_test_path() -> None:
     assert totals(records, "tests/unit/") == (10.0, 12.0, 8.0, 0.6)
     assert totals(records) == (15.0, 21.0, 9.0, 0.7)
     assert totals(records, "tests/deploy/") == (0.0, 0, 0, 0.0)
+
+
+def test_the_latency_run_has_a_plain_append_floor_quoted_as_ratios() -> None:
+    from bench.__main__ import build_parser, params_from
+    from bench.latency import floor_figures
+
+    params = params_from(build_parser().parse_args([]))
+    assert params["latency"].floor and not params["latency_20k"].floor  # the 5k run only: the 20k one falls behind
+    assert not params_from(build_parser().parse_args(["--no-latency-floor"]))["latency"].floor
+    job = {"latency_p50_s": 6.4, "latency_p99_s": 13.8}
+    floor = {"latency_p50_s": 1.6, "latency_p99_s": 3.0}
+    figures = floor_figures(job, floor)
+    assert figures["floor"] is floor
+    assert (figures["latency_p50_over_floor"], figures["latency_p99_over_floor"]) == (4.0, 4.6)
+    runs = [{**job, **figures}, {**job, "latency_p50_s": 8.0, **floor_figures({**job, "latency_p50_s": 8.0}, floor)}]
+    out = headline({"sections": {"latency": combine("latency", runs)}})
+    assert (out["floor_latency_p50_s"], out["floor_latency_p99_s"]) == (1.6, 3.0)
+    assert out["spread"]["latency_p50_over_floor"] == [4.0, 5.0]
