@@ -54,9 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-high-rate", type=int, help="events/s for the latency_20k run (default 20000)")
     p.add_argument("--latency-warmup", type=float, help="seconds of first rows left out (default 10)")
     p.add_argument("--trigger-interval", help="latency run's trigger interval (default: ingest.trigger_interval)")
-    p.add_argument(
-        "--no-latency-floor", action="store_true", help="skip the latency run's plain-append floor (same traffic)"
-    )
+    p.add_argument("--no-latency-floor", action="store_true", help="skip the latency and tiny runs' plain-append floor")
     p.add_argument("--merge-sizes", help="table sizes, comma list (default 1000000,10000000)")
     p.add_argument("--merge-batch", type=int, help="rows per MERGE batch (default 250000)")
     p.add_argument("--merge-runs", type=int, help="timed runs per size and kind, median reported (default 3)")
@@ -74,6 +72,7 @@ def params_from(args: argparse.Namespace) -> dict[str, Any]:
         tiny = replace(tiny, duration_s=40.0)
         mer = replace(mer, sizes=(100_000, 1_000_000), batch_rows=25_000, runs=1, rows_per_file=25_000,
                       warmup_rounds=1)  # fmt: skip
+    tiny = replace(tiny, floor=not args.no_latency_floor)
     counts = dict(sim.counts)
     if args.sim_confluent_count:
         counts["confluent"] = args.sim_confluent_count
@@ -144,6 +143,8 @@ FIGURES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
     "latency_p99_over_floor": ("latency", _get("latency_p99_over_floor")),
     "latency_p99_s_at_20k": ("latency_20k", _get("latency_p99_s")),
     "tiny_batch_s": ("tiny", _get("tiny_batch_s")),
+    "floor_tiny_batch_s": ("tiny", _get("floor_tiny_batch_s")),
+    "tiny_batch_over_floor": ("tiny", _get("tiny_batch_over_floor")),
     "merge_time_ratio_10m_over_1m": ("merge", _get("literal_ratio")),
     "merge_time_ratio_10m_over_1m_seed": ("merge", _get("seed_ratio")),
     "compaction_query_speedup": ("compaction", _get("query", "speedup")),

@@ -114,6 +114,7 @@ def run_floor_latency(stack: BenchStack, workdir: Path, params: LatencyParams) -
         "batches": len(batches),
         "batch_messages": summarize([b["rows"] for b in batches], 1),
         "batch_seconds": summarize([b["seconds"] for b in batches]),
+        "batch_rows_seconds": [[b["rows"], b["seconds"]] for b in batches],  # in order, those with rows
     }
 
 
@@ -273,6 +274,7 @@ class TinyParams:
     duration_s: float = 120.0
     max_messages: int = 100
     skip: int = 2  # batches with messages left out at the start: JVM, JIT and Delta caches warming up
+    floor: bool = True  # then the same trickle into a plain append (bench.floor --trigger): its tiny batch
 
 
 def tiny_figures(parts: list[dict[str, Any]], max_messages: int, skip: int) -> dict[str, Any]:
@@ -299,7 +301,7 @@ def tiny_figures(parts: list[dict[str, Any]], max_messages: int, skip: int) -> d
 
 def run_tiny(stack: BenchStack, workdir: Path, params: TinyParams, echo: Any = print) -> dict[str, Any]:
     """A trickle of messages into the running job: the fixed cost of a batch, end to end."""
-    run = LatencyParams(name="tiny", rate=params.rate, duration_s=params.duration_s, warmup_s=0.0, floor=False)
+    run = LatencyParams(name="tiny", rate=params.rate, duration_s=params.duration_s, warmup_s=0.0, floor=params.floor)
     latency = run_latency(stack, workdir, run, echo=echo)
     result = {**tiny_figures(latency["per_batch"], params.max_messages, params.skip), "latency": latency}
     echo(
@@ -307,7 +309,19 @@ def run_tiny(stack: BenchStack, workdir: Path, params: TinyParams, echo: Any = p
         f"{result['tiny_batch_s']:.2f} s a trigger, {result['tiny_batch_foreach_s']:.2f} s in foreachBatch; "
         f"{result['tiny_batches_upserting_device_state']} of them upserted device_state"
     )
+    if params.floor:
+        floor_s = floor_tiny_batch_s(latency["floor"]["batch_rows_seconds"], params.max_messages, params.skip)
+        result["floor_tiny_batch_s"] = floor_s
+        result["tiny_batch_over_floor"] = round(result["tiny_batch_s"] / floor_s, 2) if floor_s else None
+        echo(f"tiny: the plain append's batches of 1..{params.max_messages} messages took {floor_s} s (median)")
     return result
+
+
+def floor_tiny_batch_s(batches: list[list[float]], max_messages: int, skip: int) -> float | None:
+    """The floor's tiny_batch_s: the median trigger of its batches of 1..max_messages rows after the first `skip`
+    with rows (`batches`: [rows, seconds] in order), as tiny_figures takes the job's; None when there are none."""
+    tiny = [seconds for rows, seconds in batches[skip:] if 1 <= rows <= max_messages]
+    return round(median(tiny), 3) if tiny else None
 
 
 def latency_bound(batch_p50_s: float, shares: dict[str, float]) -> str:

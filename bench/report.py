@@ -50,6 +50,9 @@ TARGETS: tuple[Target, ...] = (
     Target("latency_p99_s_at_20k", "latency p99 at 20,000 events/s", "s", "<= 10", lambda v: v <= 10),
     Target("tiny_batch_s", "a batch of <= 100 messages, whole trigger, three tables", "s", "<= 1.0",
            lambda v: v <= 1.0),
+    Target("floor_tiny_batch_s", "a batch of <= 100 messages of a plain append, same trickle, same run", "s",
+           "(none)", lambda v: True),
+    Target("tiny_batch_over_floor", "tiny batch, job / plain append", "x", "(none)", lambda v: True),
     Target("merge_time_ratio_10m_over_1m", "MERGE time 10M / 1M (job's literal MERGE)", "x", "<= 1.2",
            lambda v: v <= 1.2),
     Target("merge_time_ratio_10m_over_1m_seed", "MERGE time 10M / 1M (seed-style, no literals)", "x", "(none)",
@@ -249,6 +252,12 @@ def notes(result: Mapping[str, Any]) -> list[str]:
             f"(median; max {tiny['tiny_trigger_s'].get('max', 0):.2f} s), of which foreachBatch "
             f"{tiny['tiny_batch_foreach_s']:.2f} s.{_device_state_split(tiny)}"
         )
+        if tiny.get("floor_tiny_batch_s"):
+            out.append(
+                f"  **Its floor, same run**: the same trickle on a topic of its own into `python -m bench.floor "
+                f"--trigger`; its batches of 1..{p['max_messages']} messages after the first {p['skip']}: "
+                f"{tiny['floor_tiny_batch_s']:.2f} s a trigger (median). Job / floor: {tiny['tiny_batch_over_floor']}x."
+            )
     mer = s.get("merge")
     if mer and "error" not in mer:
         out.append(

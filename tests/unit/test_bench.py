@@ -504,3 +504,11 @@ def test_the_latency_run_has_a_plain_append_floor_quoted_as_ratios() -> None:
     out = headline({"sections": {"latency": combine("latency", runs)}})
     assert (out["floor_latency_p50_s"], out["floor_latency_p99_s"]) == (1.6, 3.0)
     assert out["spread"]["latency_p50_over_floor"] == [4.0, 5.0]
+
+
+def test_the_floors_tiny_batch_is_taken_like_the_jobs() -> None:
+    from bench.latency import floor_tiny_batch_s
+
+    batches = [[40, 9.0], [60, 5.0], [50, 0.9], [101, 2.0], [45, 0.7], [55, 0.8]]  # [rows, seconds], with rows
+    assert floor_tiny_batch_s(batches, max_messages=100, skip=2) == 0.8  # not the warm-up or the 101-row batch
+    assert floor_tiny_batch_s(batches[:2], max_messages=100, skip=2) is None
