@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Protocol
 
-from producers.errors import BackendUnavailableError, KafkaUnreachableError, UsageError
+from producers.errors import BackendUnavailableError, DeliveryReportError, KafkaUnreachableError, UsageError
 from producers.stream import Message
 
 BACKENDS = ("confluent", "kafka-python")
@@ -79,8 +78,39 @@ def topic_missing(target: KafkaTarget) -> KafkaUnreachableError:
     )
 
 
+class InFlight:
+    """Messages handed to the client and not yet reported, per key, in send order.
+
+    A partition's delivery reports come in produce order, and a key always maps to one partition, so a
+    report belongs to the oldest unreported message of its key. The value is compared to make sure, and a
+    report out of that order is matched further down its key's queue.
+    """
+
+    def __init__(self) -> None:
+        self.by_key: defaultdict[bytes, deque[Message]] = defaultdict(deque)
+
+    def take(self, key: bytes | None, value: bytes | None) -> Message:
+        """The unreported message with this key and value, the oldest first; it is no longer in flight."""
+        queue = self.by_key.get(key) if key is not None else None
+        if queue:
+            if queue[0][1] == value:
+                return queue.popleft()
+            for i, msg in enumerate(queue):
+                if msg[1] == value:
+                    del queue[i]
+                    return msg
+        raise DeliveryReportError(
+            f"the Kafka client reported a message with key {key!r} that sensor-sim has no record of sending; "
+            "this is a bug in sensor-sim's delivery accounting: please report it with the command line"
+        )
+
+
 class ConfluentBackend:
-    """confluent-kafka (librdkafka): idempotent, acks=all, lz4, one delivery callback per message."""
+    """confluent-kafka (librdkafka): idempotent, acks=all, lz4.
+
+    One producer-wide delivery callback, matched to the sent message through `InFlight`: a callback
+    object per message costs about as much again as the rest of a send.
+    """
 
     name = "confluent"
     send: Callable[[Message], None]
@@ -97,6 +127,7 @@ class ConfluentBackend:
             ) from None
         self._kafka = confluent_kafka
         self._target = target
+        self._in_flight = InFlight()
         self.last_error: str | None = None
         config: dict[str, Any] = {
             "bootstrap.servers": target.bootstrap_servers,
@@ -112,55 +143,53 @@ class ConfluentBackend:
             "error_cb": self._on_error,
             "logger": _client_log,
             **target.extra_config,
+            "on_delivery": self._reporter(on_ack, on_fail, on_latency),
         }
         try:
             self._producer = confluent_kafka.Producer(config)
         except confluent_kafka.KafkaException as exc:
             raise UsageError(f"invalid producer configuration for confluent-kafka: {exc}") from None
         self._poll = self._producer.poll
-        self.send = (
-            self._make_send(on_ack, on_fail) if on_latency is None else self._timed_send(on_ack, on_fail, on_latency)
-        )
+        self.send = self._make_send()
 
-    def _make_send(self, on_ack: OnAck, on_fail: OnFail) -> Callable[[Message], None]:
-        """send(msg): produce() with its own delivery callback; on a full queue, serve reports and retry."""
-        produce, poll, topic = self._producer.produce, self._poll, self._target.topic
+    def _reporter(self, on_ack: OnAck, on_fail: OnFail, on_latency: OnLatency | None) -> Callable[[Any, Any], None]:
+        """The delivery callback: the report's message found in flight, then on_ack (timed) or on_fail."""
+        take = self._in_flight.take
 
-        def delivered(msg: Message, err: Any, _record: Any) -> None:
+        def delivered(err: Any, record: Any) -> None:
+            msg = take(record.key(), record.value())
             if err is None:
                 on_ack(msg)
             else:
                 on_fail(msg, err.name())
+
+        if on_latency is None:
+            return delivered
+
+        def delivered_timed(err: Any, record: Any) -> None:
+            msg = take(record.key(), record.value())
+            if err is None:
+                latency = record.latency()  # librdkafka's produce-to-acknowledgement time
+                if latency is not None:
+                    on_latency(latency)
+                on_ack(msg)
+            else:
+                on_fail(msg, err.name())
+
+        return delivered_timed
+
+    def _make_send(self) -> Callable[[Message], None]:
+        """send(msg): produce(), then record it in flight; on a full queue, serve reports and retry."""
+        produce, poll, topic, by_key = self._producer.produce, self._poll, self._target.topic, self._in_flight.by_key
 
         def send(msg: Message) -> None:  # locals only: this runs once per message
             while True:
                 try:
-                    produce(topic, msg[1], msg[0], on_delivery=partial(delivered, msg))
-                    return
+                    produce(topic, msg[1], msg[0])
+                    break
                 except BufferError:
                     poll(0.1)
-
-        return send
-
-    def _timed_send(self, on_ack: OnAck, on_fail: OnFail, on_latency: OnLatency) -> Callable[[Message], None]:
-        """send(msg) that also reports produce()-to-acknowledgement latency (librdkafka's own measure)."""
-        produce, poll, topic, clock = self._producer.produce, self._poll, self._target.topic, time.perf_counter
-
-        def delivered(msg: Message, started: float, err: Any, record: Any) -> None:
-            if err is None:
-                latency = record.latency() if record is not None else None
-                on_latency(latency if latency is not None else clock() - started)
-                on_ack(msg)
-            else:
-                on_fail(msg, err.name())
-
-        def send(msg: Message) -> None:
-            while True:
-                try:
-                    produce(topic, msg[1], msg[0], on_delivery=partial(delivered, msg, clock()))
-                    return
-                except BufferError:
-                    poll(0.1)
+            by_key[msg[0]].append(msg)  # its report can't come before: reports are served by poll() and flush()
 
         return send
 
@@ -362,6 +391,7 @@ __all__ = [
     "Backend",
     "ConfluentBackend",
     "DryRunBackend",
+    "InFlight",
     "KafkaPythonBackend",
     "KafkaTarget",
     "create_backend",

@@ -25,3 +25,9 @@ class KafkaUnreachableError(SimulatorError):
     """Kafka did not answer a metadata request in time, or the topic does not exist (exit code 3)."""
 
     exit_code = 3
+
+
+class DeliveryReportError(SimulatorError):
+    """The Kafka client reported a message the simulator never sent: a bug, not bad input (exit code 4)."""
+
+    exit_code = 4

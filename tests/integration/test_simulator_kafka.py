@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka.admin import NewTopic
 
 from producers.cli import parse_config, run
 from producers.faults import DUPLICATE, LATE, MALFORMED_KINDS, OUT_OF_ORDER, VALID
 from producers.metrics import SimulatorMetrics
 from producers.options import SimOptions
 from producers.stream import EventStream, simulate, wall_clock_ms
+from stack.kafka import admin_client
 from streaming.core.config import Settings
 from tests.unit.test_simulator_cli import FAULT_FLAGS, comparable, recent_start
 
@@ -106,3 +109,41 @@ def test_workers_send_exactly_their_shares_through_the_broker(settings: Settings
 
     expected = [(m.key, m.value) for o in shares for m in EventStream(o)]
     assert sorted((key, value) for key, value, _ in consume_all(settings)) == sorted(expected)
+
+
+def test_a_topic_refusing_every_batch_counts_every_message_failed_by_kind(settings: Settings, tmp_path: Path) -> None:
+    """confluent: a topic that refuses every batch (max.message.bytes below a batch's header), so each report is
+    a failure: each message is counted failed once, by its kind, and none is left unconfirmed. (Which report
+    belongs to which message is `InFlight`'s, tested in tests/unit/test_simulator.py.)
+
+    (kafka-python splits a refused batch and retries; its split path fails with "Future not done" here.)
+    """
+    topic = f"{settings.kafka.topic}-refusing"
+    admin = admin_client(settings.kafka.bootstrap_servers)
+    new = NewTopic(topic, num_partitions=3, replication_factor=1, config={"max.message.bytes": "64"})
+    admin.create_topics([new])[topic].result(timeout=30)
+    count, start = 300, recent_start()
+    path = tmp_path / "s.json"
+    argv = ["--bootstrap-servers", settings.kafka.bootstrap_servers, "--topic", topic, "--backend", "confluent"]
+    argv += ["--rate", "0", "--count", str(count), "--seed", "8", "--start-time", str(start), "--quiet"]
+    argv += ["--delivery-timeout", "20", "--summary-json", str(path), *FAULT_FLAGS]
+    metrics = SimulatorMetrics()
+    try:
+        assert run(parse_config(argv, {}, wall_clock_ms()), metrics=metrics) == 1
+    finally:
+        admin.delete_topics([topic], operation_timeout=5)
+    summary = json.loads(path.read_text())
+    assert (summary["sent_total"], summary["delivery_failed"], summary["latest_by_device"]) == (0, count, {})
+    assert sum(summary["delivery_errors"].values()) == count and "unconfirmed_at_exit" not in summary["delivery_errors"]
+    opts = SimOptions(
+        seed=8,
+        start_time_ms=start,
+        count=count,
+        duplicate_rate=0.05,
+        out_of_order_rate=0.05,
+        late_rate=0.05,
+        malformed_rate=0.05,
+    )
+    generated = Counter(m.kind for m in EventStream(opts))
+    failed = {k: metrics.registry.get_sample_value("iot_sim_messages_failed_total", {"kind": k}) for k in generated}
+    assert failed == generated and len(generated) > 4

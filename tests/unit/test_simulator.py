@@ -14,7 +14,8 @@ import pytest
 
 from producers import MALFORMED_KINDS, EventStream, Message, SimOptions, simulate
 from producers.accounting import Accounting
-from producers.errors import UsageError
+from producers.backends import InFlight
+from producers.errors import DeliveryReportError, UsageError
 from producers.faults import REASON_BY_KIND
 from producers.options import parse_start_time
 
@@ -662,3 +663,49 @@ def test_worker_summaries_merge_into_the_runs() -> None:
     assert merged["latest_by_device"] == {**parts[0]["latest_by_device"], **parts[1]["latest_by_device"]}
     assert len(merged["latest_by_device"]) == 6
     assert (merged["elapsed_s"], merged["msgs_per_s"], merged["workers"]) == (3.0, round(6001 / 3.0, 1), 2)
+
+
+# --- delivery reports matched to sent messages (confluent) ---------------------------------------
+
+
+def in_flight_of(msgs: list[Message]) -> InFlight:
+    flight = InFlight()
+    for m in msgs:
+        flight.by_key[m.key].append(m)
+    return flight
+
+
+def test_a_report_belongs_to_the_oldest_unreported_message_of_its_key() -> None:
+    msgs = generate(options(count=300, devices=5, **ALL_FAULTS))
+    flight = in_flight_of(msgs)
+    by_key: dict[bytes, list[Message]] = defaultdict(list)
+    for m in msgs:
+        by_key[m.key].append(m)
+    # Keys interleaved in another order than sent, each key's reports in its own send order.
+    taken = [flight.take(key, m.value) for key in reversed(by_key) for m in by_key[key]]
+    assert taken == [m for key in reversed(by_key) for m in by_key[key]]
+    assert all(not queue for queue in flight.by_key.values())
+
+
+def test_a_duplicate_and_its_original_are_taken_in_send_order() -> None:
+    original = generate(options(count=1))[0]
+    duplicate = original._replace(kind="duplicate")
+    flight = in_flight_of([original, duplicate])
+    assert flight.take(original.key, original.value).kind == "valid"
+    assert flight.take(original.key, original.value).kind == "duplicate"
+
+
+def test_a_report_out_of_its_keys_order_still_finds_its_message() -> None:
+    msgs = generate(options(count=40, devices=1, parcels=1))
+    flight = in_flight_of(msgs)
+    assert flight.take(msgs[5].key, msgs[5].value) is msgs[5]
+    assert [flight.take(m.key, m.value) for m in msgs if m is not msgs[5]] == [m for m in msgs if m is not msgs[5]]
+
+
+def test_a_report_for_a_message_never_sent_is_an_error_naming_the_key() -> None:
+    msgs = generate(options(count=3))
+    flight = in_flight_of(msgs[:2])
+    with pytest.raises(DeliveryReportError, match=msgs[2].key.decode()):
+        flight.take(msgs[2].key, msgs[2].value)
+    with pytest.raises(DeliveryReportError, match="no record of sending"):
+        flight.take(None, None)

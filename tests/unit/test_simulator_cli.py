@@ -450,31 +450,60 @@ def test_kafka_python_backend_configures_the_client_and_accounts_on_the_main_thr
     assert {thread for _, _, thread in failed} == {threading.current_thread().name}
 
 
+class FakeRecord:
+    """What confluent-kafka hands a delivery callback: the message's key and value, and a latency."""
+
+    def __init__(self, key: bytes, value: bytes) -> None:
+        self._key, self._value = key, value
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def latency(self) -> float:
+        return 0.002
+
+
 class FakeConfluentProducer:
-    """confluent_kafka.Producer whose queue is full for the first two produce() calls."""
+    """confluent_kafka.Producer whose queue is full for the first two produce() calls.
+
+    It serves the reports of each key in produce order, as a partition's are, but the keys interleaved
+    differently from how they were produced (newest key first); every seventh message fails.
+    """
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.full = 2
         self.polls: list[float] = []
-        self.queue: list[tuple[bytes, bytes, Any]] = []
+        self.queue: list[tuple[bytes, bytes]] = []
+        self.reported: list[tuple[bytes, bytes, bool]] = []  # key, value, whether it failed
 
-    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
+    def produce(self, topic: str, value: bytes, key: bytes) -> None:
         if self.full:
             self.full -= 1
             raise BufferError("queue full")
-        self.queue.append((key, value, on_delivery))
+        self.queue.append((key, value))
 
     def poll(self, timeout: float) -> int:
         self.polls.append(timeout)
         served, self.queue = self.queue, []
-        for _key, _value, callback in served:
-            callback(None, object())
+        keys = list(dict.fromkeys(key for key, _ in reversed(served)))
+        order = [(k, v) for key in keys for k, v in served if k == key]
+        for i, (key, value) in enumerate(order):
+            self.reported.append((key, value, i % 7 == 6))
+            self.config["on_delivery"](FakeError() if i % 7 == 6 else None, FakeRecord(key, value))
         return len(served)
 
     def flush(self, timeout: float) -> int:
         self.poll(0)
         return 0
+
+
+class FakeError:
+    def name(self) -> str:
+        return "MSG_TIMED_OUT"
 
 
 def test_confluent_backend_configures_the_client_and_retries_a_full_queue(
@@ -484,18 +513,25 @@ def test_confluent_backend_configures_the_client_and_retries_a_full_queue(
 
     monkeypatch.setattr(confluent_kafka, "Producer", FakeConfluentProducer)
     acked: list[Message] = []
-    backend = ConfluentBackend(KafkaTarget("h:1", "t", 60.0, {"linger.ms": "5"}), acked.append, lambda m, e: None)
+    failed: list[tuple[Message, str]] = []
+    latencies: list[float] = []
+    target = KafkaTarget("h:1", "t", 60.0, {"linger.ms": "5"})
+    backend = ConfluentBackend(target, acked.append, lambda m, e: failed.append((m, e)), latencies.append)
     producer: Any = backend._producer
     assert producer.config["enable.idempotence"] is True and producer.config["acks"] == "all"
     assert producer.config["compression.type"] == "lz4"
     assert producer.config["message.timeout.ms"] == 60_000
     assert producer.config["linger.ms"] == "5"  # extra settings win
-    msgs = list(EventStream(SimOptions(seed=1, start_time_ms=recent_start(), count=5)))
+    msgs = list(EventStream(SimOptions(seed=1, start_time_ms=recent_start(), devices=3, parcels=1, count=30)))
     for m in msgs:
         backend.send(m)
     assert producer.polls == [0.1, 0.1]  # served reports while the queue was full, then retried
     assert backend.flush(1.0) == 0
-    assert acked == msgs
+    # Each report reached the message it belongs to, whatever the order across keys.
+    assert [(m.key, m.value) for m in acked] == [(k, v) for k, v, refused in producer.reported if not refused]
+    assert [(m.key, m.value) for m, _ in failed] == [(k, v) for k, v, refused in producer.reported if refused]
+    assert sorted(acked + [m for m, _ in failed]) == sorted(msgs) and len(failed) == 4
+    assert {why for _, why in failed} == {"MSG_TIMED_OUT"} and latencies == [0.002] * 26
 
 
 def test_token_bucket_grants_what_the_rate_allows() -> None:
