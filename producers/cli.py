@@ -108,7 +108,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
             "Simulate IoT sensors (devices on farm parcels) and produce their readings as JSON to Kafka, "
             "with exact, seeded fault injection. Every flag falls back to the environment variable shown."
         ),
-        epilog="Exit codes: 0 ok, 1 deliveries failed, 2 bad flags, 3 Kafka unreachable, 130 interrupted.",
+        epilog=(
+            "Exit codes: 0 ok, 1 deliveries failed, 2 bad flags, 3 Kafka unreachable, 4 sensor-sim bug, "
+            "130 interrupted."
+        ),
     )
 
     def add(group: Any, flag: str, help_text: str, default: Any = None, **kwargs: Any) -> None:
