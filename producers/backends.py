@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import defaultdict, deque
@@ -321,9 +320,23 @@ class KafkaPythonBackend:
                 self._on_ack(msg)
 
     def flush(self, timeout_s: float) -> int:
-        """Wait for every outcome up to `timeout_s`; the number still outstanding."""
-        with contextlib.suppress(self._kafka.errors.KafkaTimeoutError):
-            self._producer.flush(timeout=timeout_s)
+        """Wait for every outcome up to `timeout_s`; the number still outstanding.
+
+        kafka-python's flush raises "Future not done" for a batch the broker refused as too large: it has split
+        it and sent the halves again, so the outcomes are still coming, and the flush is tried again.
+        """
+        errors = self._kafka.errors
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._producer.flush(timeout=max(0.0, deadline - time.monotonic()))
+                break
+            except errors.KafkaTimeoutError:
+                break
+            except errors.UnknownError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)
         self.poll()
         return self._outstanding
 

@@ -111,12 +111,14 @@ def test_workers_send_exactly_their_shares_through_the_broker(settings: Settings
     assert sorted((key, value) for key, value, _ in consume_all(settings)) == sorted(expected)
 
 
-def test_a_topic_refusing_every_batch_counts_every_message_failed_by_kind(settings: Settings, tmp_path: Path) -> None:
-    """confluent: a topic that refuses every batch (max.message.bytes below a batch's header), so each report is
-    a failure: each message is counted failed once, by its kind, and none is left unconfirmed. (Which report
-    belongs to which message is `InFlight`'s, tested in tests/unit/test_simulator.py.)
-
-    (kafka-python splits a refused batch and retries; its split path fails with "Future not done" here.)
+@pytest.mark.parametrize("backend", ["confluent", "kafka-python"])
+def test_a_topic_refusing_every_batch_counts_every_message_failed_by_kind(
+    backend: str, settings: Settings, tmp_path: Path
+) -> None:
+    """A topic that refuses every batch (max.message.bytes below a batch's header), so each report is a failure:
+    each message is counted failed once, by its kind, and none is left unconfirmed. (Which of confluent's reports
+    belongs to which message is `InFlight`'s, tested in tests/unit/test_simulator.py.) kafka-python splits a
+    refused batch and sends the halves again, down to single messages, which are refused too.
     """
     topic = f"{settings.kafka.topic}-refusing"
     admin = admin_client(settings.kafka.bootstrap_servers)
@@ -124,7 +126,7 @@ def test_a_topic_refusing_every_batch_counts_every_message_failed_by_kind(settin
     admin.create_topics([new])[topic].result(timeout=30)
     count, start = 300, recent_start()
     path = tmp_path / "s.json"
-    argv = ["--bootstrap-servers", settings.kafka.bootstrap_servers, "--topic", topic, "--backend", "confluent"]
+    argv = ["--bootstrap-servers", settings.kafka.bootstrap_servers, "--topic", topic, "--backend", backend]
     argv += ["--rate", "0", "--count", str(count), "--seed", "8", "--start-time", str(start), "--quiet"]
     argv += ["--delivery-timeout", "20", "--summary-json", str(path), *FAULT_FLAGS]
     metrics = SimulatorMetrics()
