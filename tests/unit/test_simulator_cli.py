@@ -506,7 +506,7 @@ class FakeError:
         return "MSG_TIMED_OUT"
 
 
-def test_confluent_backend_configures_the_client_and_retries_a_full_queue(
+def test_confluent_backend_configures_the_client_retries_a_full_queue_and_matches_each_report(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import confluent_kafka
