@@ -173,7 +173,9 @@ def test_env(stack_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
         # The jobs tests start live for seconds to a minute: HotSpot's second JIT tier (C2) spent about a third of
         # their CPU compiling code they barely ran again. Semantics are the JVM's either way; the tests' shared
         # session, the live scenario's job and `make run` keep both tiers.
-        "IOTLAKE_SPARK__CONF__spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        # C1 alone also shrinks the JIT's code cache to 48 MB (the tiered default is 240 MB); a long job filled it,
+        # and a JVM that can't place a new call adapter exits. So the size is the tiered one.
+        "IOTLAKE_SPARK__CONF__spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m",
     }
 
 

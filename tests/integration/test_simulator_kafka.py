@@ -24,6 +24,19 @@ pytestmark = pytest.mark.integration
 COUNT = 3000
 
 
+def faulty(start: int, count: int) -> SimOptions:
+    """The options FAULT_FLAGS and `--seed 8 --start-time START --count COUNT` give."""
+    return SimOptions(
+        seed=8,
+        start_time_ms=start,
+        count=count,
+        duplicate_rate=0.05,
+        out_of_order_rate=0.05,
+        late_rate=0.05,
+        malformed_rate=0.05,
+    )
+
+
 @pytest.mark.parametrize("backend", ["confluent", "kafka-python"])
 def test_backend_sends_exactly_the_generated_bytes(backend: str, settings: Settings, tmp_path: Path) -> None:
     start = recent_start()
@@ -34,15 +47,7 @@ def test_backend_sends_exactly_the_generated_bytes(backend: str, settings: Setti
     metrics = SimulatorMetrics()
     assert run(parse_config(argv, {}, wall_clock_ms()), metrics=metrics) == 0
     summary = json.loads(path.read_text())
-    opts = SimOptions(
-        seed=8,
-        start_time_ms=start,
-        count=COUNT,
-        duplicate_rate=0.05,
-        out_of_order_rate=0.05,
-        late_rate=0.05,
-        malformed_rate=0.05,
-    )
+    opts = faulty(start, COUNT)
     assert comparable(summary) == comparable(simulate(opts))
     assert summary["delivery_failed"] == 0 and summary["backend"] == backend
 
@@ -137,15 +142,7 @@ def test_a_topic_refusing_every_batch_counts_every_message_failed_by_kind(
     summary = json.loads(path.read_text())
     assert (summary["sent_total"], summary["delivery_failed"], summary["latest_by_device"]) == (0, count, {})
     assert sum(summary["delivery_errors"].values()) == count and "unconfirmed_at_exit" not in summary["delivery_errors"]
-    opts = SimOptions(
-        seed=8,
-        start_time_ms=start,
-        count=count,
-        duplicate_rate=0.05,
-        out_of_order_rate=0.05,
-        late_rate=0.05,
-        malformed_rate=0.05,
-    )
+    opts = faulty(start, count)
     generated = Counter(m.kind for m in EventStream(opts))
     failed = {k: metrics.registry.get_sample_value("iot_sim_messages_failed_total", {"kind": k}) for k in generated}
     assert failed == generated and len(generated) > 4
