@@ -25,7 +25,7 @@ COUNT = 3000
 
 
 def faulty(start: int, count: int) -> SimOptions:
-    """The options FAULT_FLAGS and `--seed 8 --start-time START --count COUNT` give."""
+    """The options that FAULT_FLAGS with `--seed 8 --start-time <start> --count <count>` give."""
     return SimOptions(
         seed=8,
         start_time_ms=start,
