@@ -53,9 +53,13 @@ def test_backend_sends_exactly_the_generated_bytes(backend: str, settings: Setti
 
     # The metrics count what Kafka acknowledged, by kind, and time every delivered message.
     value = metrics.registry.get_sample_value
-    sent = {kind: value("iot_sim_messages_sent_total", {"kind": kind}) for kind in (VALID, *MALFORMED_KINDS)}
-    sent.update({kind: value("iot_sim_messages_sent_total", {"kind": kind}) for kind in (DUPLICATE, LATE)})
-    sent[OUT_OF_ORDER] = value("iot_sim_messages_sent_total", {"kind": OUT_OF_ORDER})
+
+    def sent_of(kind: str) -> float:
+        count = value("iot_sim_messages_sent_total", {"kind": kind})
+        assert count is not None, f"no sent count for kind {kind}"
+        return count
+
+    sent = {kind: sent_of(kind) for kind in (VALID, *MALFORMED_KINDS, DUPLICATE, LATE, OUT_OF_ORDER)}
     assert sent[DUPLICATE] == summary["duplicates"]
     assert sent[LATE] == summary["late"] and sent[OUT_OF_ORDER] == summary["out_of_order"]
     assert sent[VALID] == summary["valid_distinct"] - summary["late"] - summary["out_of_order"]
@@ -63,7 +67,8 @@ def test_backend_sends_exactly_the_generated_bytes(backend: str, settings: Setti
     assert sum(sent.values()) == summary["sent_total"] == COUNT
     assert all(value("iot_sim_messages_failed_total", {"kind": kind}) == 0 for kind in sent)
     assert value("iot_sim_delivery_latency_seconds_count") == summary["sent_total"]
-    assert 0 < value("iot_sim_delivery_latency_seconds_sum") < 120 * COUNT
+    latency_sum = value("iot_sim_delivery_latency_seconds_sum")
+    assert latency_sum is not None and 0 < latency_sum < 120 * COUNT
 
     received = consume_all(settings)
     expected = [(m.key, m.value) for m in EventStream(opts)]
@@ -89,7 +94,9 @@ def consume_all(settings: Settings) -> list[tuple[bytes, bytes, int]]:
             assert batch, f"only {len(received)} of {COUNT} messages came back"
             for m in batch:
                 assert m.error() is None, m.error()
-                received.append((m.key(), m.value(), m.partition()))
+                key, payload, partition = m.key(), m.value(), m.partition()
+                assert key is not None and payload is not None and partition is not None, m
+                received.append((key, payload, partition))
     finally:
         consumer.close()
     return received
