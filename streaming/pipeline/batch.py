@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
-from streaming.pipeline.rules import Rules, action_of, check_codes, reason_codes
+from streaming.pipeline.rules import Rules, action_of, check_codes, clock_codes, reason_codes
 from streaming.pipeline.schema import (
     CORRUPT,
     DEVICE_STATE_COLUMNS,
@@ -60,7 +60,8 @@ class Validator:
 
     Building them is several hundred py4j calls (about 0.3 s of the driver's time on this project's 2-core machine),
     so they are not built again for each batch: the batch's clock comes in as a column (BATCH_CLOCK) that the
-    optimizer folds back into the checks, which then run as if it had been a literal.
+    optimizer folds back into the two checks that use it (rules.clock_codes), which then run as if it had been a
+    literal.
     """
 
     rules: Rules
@@ -79,9 +80,10 @@ class Validator:
             ("json_keys", F.json_object_keys("value_text")),
             ("typed", F.from_json("value_text", typed_event_schema(extra), typed_options)),
             ("text", F.when(corrupt, F.from_json("value_text", text_event_schema(extra)))),
-            # Two projections: the checks compile; the lambda over unexpected keys stays out of theirs.
-            ("reasons", check_codes(rules, F.col(BATCH_CLOCK))),
-            ("reasons", reason_codes(rules, F.col("reasons"))),
+            # Two projections: the checks compile, the same code for every batch; the lambda over unexpected keys,
+            # and with it the checks against the batch's clock, stay out of theirs.
+            ("reasons", check_codes(rules)),
+            ("reasons", reason_codes(rules, clock_codes(rules, F.col("reasons"), F.col(BATCH_CLOCK)))),
             ("action", action_of(rules, F.col("reasons"))),
         ]
         if rules.allow_new_fields:

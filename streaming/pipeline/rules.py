@@ -81,9 +81,9 @@ def _is_object(rules: Rules) -> Column:
     return _decoded(rules) & F.col("json_keys").isNotNull()
 
 
-def check_codes(rules: Rules, now_ms: Column) -> Column:
-    """array<string> of every failed check but unexpected fields, from value, value_text, json_keys, typed, text and
-    `now_ms`, the batch's clock (epoch ms).
+def check_codes(rules: Rules) -> Column:
+    """array<string> of every failed check but those against the batch's clock and unexpected fields (clock_codes,
+    reason_codes), from value, value_text, json_keys, typed and text.
 
     The checks are gated so one defect yields one reason: a non-JSON value is not also missing fields. No lambda
     (higher-order function) may wrap them, nor stand in the projection that computes them: Spark evaluates such a
@@ -129,20 +129,38 @@ def check_codes(rules: Rules, now_ms: Column) -> Column:
 
     version = typed["schema_version"]
     event_time = typed["event_time"]
-    storable = event_time.between(MIN_EVENT_TIME_MS, MAX_EVENT_TIME_MS)
     values = [
         _code(
             is_object & version.isNotNull() & ~version.isin(list(rules.schema_versions)),
             "unknown_schema_version",
         ),
-        _code(is_object & event_time.isNotNull() & ~storable, "unstorable_event_time"),
-        _code(is_object & storable & (event_time > now_ms + rules.max_future_skew_ms), "event_time_in_future"),
-        _code(is_object & storable & (event_time < now_ms - rules.max_lateness_ms), "event_time_too_old"),
+        _code(is_object & event_time.isNotNull() & ~_storable(event_time), "unstorable_event_time"),
     ]
-    # A malformed object whose corruption no field explains (deep nesting, a bad token) is still malformed.
-    codes = compact(F.array(*envelope, *per_field, *values))
-    unexplained = is_object & corrupt & (F.size(codes) == 0)
+    return compact(F.array(*envelope, *per_field, *values))
+
+
+def clock_codes(rules: Rules, codes: Column, now_ms: Column) -> Column:
+    """The check codes, then those of the checks against `now_ms` (the batch's clock, epoch ms); `malformed_json`
+    alone for a corrupt JSON object that no code explains (deep nesting, a bad token).
+
+    Not in check_codes: Spark writes the clock into the generated Java source as a literal, so with it the checks'
+    code (one method of about 150 kB) differed in every batch and was compiled again, by Janino and then the JIT's
+    two tiers, its first rows run in the bytecode interpreter. These two checks belong in a projection that whole-
+    stage code generation leaves out: reason_codes' (batch.Validator), whose code is small.
+    """
+    event_time = F.col("typed")["event_time"]
+    in_time = _is_object(rules) & _storable(event_time)
+    clock = [
+        _code(in_time & (event_time > now_ms + rules.max_future_skew_ms), "event_time_in_future"),
+        _code(in_time & (event_time < now_ms - rules.max_lateness_ms), "event_time_too_old"),
+    ]
+    codes = F.concat(codes, compact(F.array(*clock)))
+    unexplained = _is_object(rules) & F.col("typed")[CORRUPT].isNotNull() & (F.size(codes) == 0)
     return F.when(unexplained, F.array(F.lit("malformed_json"))).otherwise(codes)
+
+
+def _storable(event_time: Column) -> Column:
+    return event_time.between(MIN_EVENT_TIME_MS, MAX_EVENT_TIME_MS)
 
 
 def reason_codes(rules: Rules, codes: Column) -> Column:
