@@ -146,7 +146,9 @@ def clock_codes(rules: Rules, codes: Column, now_ms: Column) -> Column:
     Not in check_codes: Spark writes the clock into the generated Java source as a literal, so with it the checks'
     code (one method of about 150 kB) differed in every batch and was compiled again, by Janino and then the JIT's
     two tiers, its first rows run in the bytecode interpreter. These two checks belong in a projection that whole-
-    stage code generation leaves out: reason_codes' (batch.Validator), whose code is small.
+    stage code generation leaves out: reason_codes' (batch.Validator), whose lambda keeps it out and whose code is
+    small. (With schema evolution on and no refused fields, reason_codes has no lambda: the two checks then join the
+    checks' code again, which costs time, not correctness.)
     """
     event_time = F.col("typed")["event_time"]
     in_time = _is_object(rules) & _storable(event_time)
