@@ -151,13 +151,14 @@ def clock_codes(rules: Rules, codes: Column, now_ms: Column) -> Column:
     checks' code again, which costs time, not correctness.)
     """
     event_time = F.col("typed")["event_time"]
-    in_time = _is_object(rules) & _storable(event_time)
+    is_object = _is_object(rules)
+    in_time = is_object & _storable(event_time)
     clock = [
         _code(in_time & (event_time > now_ms + rules.max_future_skew_ms), "event_time_in_future"),
         _code(in_time & (event_time < now_ms - rules.max_lateness_ms), "event_time_too_old"),
     ]
     codes = F.concat(codes, compact(F.array(*clock)))
-    unexplained = _is_object(rules) & F.col("typed")[CORRUPT].isNotNull() & (F.size(codes) == 0)
+    unexplained = is_object & F.col("typed")[CORRUPT].isNotNull() & (F.size(codes) == 0)
     return F.when(unexplained, F.array(F.lit("malformed_json"))).otherwise(codes)
 
 

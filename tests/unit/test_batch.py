@@ -351,13 +351,13 @@ def test_the_checks_run_in_generated_code(spark: SparkSession, rules: Rules) -> 
     assert [list(r.reasons) for r in validated.orderBy("offset").collect()] == [[], ["unexpected_field:wind_ms"]]
 
 
-def whole_stage_sources(spark: SparkSession, frame: DataFrame) -> list[str]:
-    """The Java source of each whole-stage subtree of a DataFrame's final plan."""
+def whole_stage(spark: SparkSession, frame: DataFrame) -> list[tuple[str, int]]:
+    """(Java source, largest method's bytecode size) of each whole-stage subtree of a DataFrame's final plan."""
     adaptive = spark.conf.get("spark.sql.adaptive.enabled")
     spark.conf.set("spark.sql.adaptive.enabled", "false")  # the final plan, with its whole-stage subtrees, up front
     try:
         stages = frame._jdf.queryExecution().debug().codegenToSeq()
-        return [str(stages.apply(i)._2()) for i in range(stages.size())]
+        return [(str(s._2()), int(s._3().maxMethodCodeSize())) for s in (stages.apply(i) for i in range(stages.size()))]
     finally:
         spark.conf.set("spark.sql.adaptive.enabled", adaptive)
 
@@ -371,10 +371,10 @@ def test_the_validations_generated_code_is_the_same_whatever_the_batch_clock(spa
     validator = batch.Validator.of(rules)
     first = validator(raw, INFO)
     later = validator(raw, batch.BatchInfo(INFO.batch_id + 1, NOW + timedelta(minutes=20)))
-    sources = whole_stage_sources(spark, first)
+    sources = [source for source, _ in whole_stage(spark, first)]
     assert sources
     assert str(NOW_MS + rules.max_future_skew_ms) not in "".join(sources)  # the check's bound, as a literal
-    assert whole_stage_sources(spark, later) == sources
+    assert [source for source, _ in whole_stage(spark, later)] == sources
     # The same code, and still each batch's own clock: 10 minutes ahead is in the future at NOW, not 20 minutes on.
     assert [list(r.reasons) for r in first.orderBy("offset").collect()][:2] == [[], ["event_time_in_future"]]
     assert [list(r.reasons) for r in later.orderBy("offset").collect()][:2] == [[], []]
@@ -387,13 +387,7 @@ def test_the_validations_whole_stage_method_runs_and_the_jit_compiles_it(spark: 
     JIT-compiled or every row's checks run in the bytecode interpreter. So: whole-stage, and a JVM started with
     -XX:-DontCompileHugeMethods."""
     validated = batch.validate(kafka_rows(spark, [encode(event()), b"{"]), rules, INFO)
-    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
-    spark.conf.set("spark.sql.adaptive.enabled", "false")  # the final plan, with its whole-stage subtrees, up front
-    try:
-        stages = validated._jdf.queryExecution().debug().codegenToSeq()
-        sizes = [stages.apply(i)._3().maxMethodCodeSize() for i in range(stages.size())]
-    finally:
-        spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+    sizes = [size for _, size in whole_stage(spark, validated)]
     limit = int(spark.conf.get("spark.sql.codegen.hugeMethodLimit"))
     assert all(size <= limit for size in sizes), (sizes, limit)  # every subtree runs whole-stage
     jvm = spark.sparkContext._jvm
