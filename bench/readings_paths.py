@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             info = batch.BatchInfo(batch_id, datetime.now(UTC))
             validated = batch.validate(raw, rules, info).persist(StorageLevel.MEMORY_AND_DISK)
             stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
-            rows = batch.readings(validated, rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+            rows = batch.readings(validated, rules).persist(StorageLevel.MEMORY_AND_DISK)
             rows.count()
             order = PATHS[batch_id % 3 :] + PATHS[: batch_id % 3]
             for path in order:

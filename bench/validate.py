@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def whole_step() -> None:
         validated = validate_and_stats()
-        kept = batch.readings(validated, rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+        kept = batch.readings(validated, rules).persist(StorageLevel.MEMORY_AND_DISK)
         batch.latest_per_device(kept).collect()
         kept.unpersist()
         validated.unpersist()

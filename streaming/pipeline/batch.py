@@ -33,7 +33,11 @@ DAY_MS = 86_400_000
 TIME_BUCKET_MS = 10 * 60 * 1000  # divides a day: a bucket never spans two event dates
 MAX_TIME_RANGES = 16
 ROW_NUMBER = "#row"  # a helper column no message field can name (EVOLVABLE_NAME has no '#')
-BATCH_CLOCK = "#now_ms"  # the batch's clock (epoch ms) while it is validated, a helper column as ROW_NUMBER
+BATCH_CLOCK = "#now_ms"  # the batch's clock (epoch ms), a helper column as ROW_NUMBER
+BATCH_ID = "#batch_id"  # the batch's id, another
+# A one-row table on the driver (no Spark job to broadcast it) whose values the optimizer doesn't fold into
+# literals. (Not a parameterized query: Delta's SQL parser leaves its parameters unbound.)
+BATCH_CONSTANTS = "SELECT * FROM VALUES ({now_ms:d}L, {batch_id:d}L) AS t(`" + BATCH_CLOCK + "`, `" + BATCH_ID + "`)"
 EVOLVABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _VARIANT_TYPES: dict[str, T.DataType] = {
     "BOOLEAN": T.BooleanType(),
@@ -59,9 +63,10 @@ class Validator:
     """The validation's expressions for one Rules, built once and applied to every batch.
 
     Building them is several hundred py4j calls (about 0.3 s of the driver's time on this project's 2-core machine),
-    so they are not built again for each batch: the batch's clock comes in as a column (BATCH_CLOCK) that the
-    optimizer folds back into the two checks that use it (rules.clock_codes), which then run as if it had been a
-    literal.
+    so they are not built again for each batch. What is the batch's own, its clock and id, comes in as the columns
+    of a one-row table joined to its rows (BATCH_CLOCK, BATCH_ID), not as literals: Spark writes a long literal
+    into the Java it generates, and reuses a compiled class only for an identical source, so with literals every
+    batch compiled its checks and projections again (Janino, then the JIT from its interpreter up).
     """
 
     rules: Rules
@@ -80,8 +85,8 @@ class Validator:
             ("json_keys", F.json_object_keys("value_text")),
             ("typed", F.from_json("value_text", typed_event_schema(extra), typed_options)),
             ("text", F.when(corrupt, F.from_json("value_text", text_event_schema(extra)))),
-            # Two projections: the checks compile, the same code for every batch; the lambda over unexpected keys,
-            # and with it the checks against the batch's clock, stay out of theirs.
+            # Two projections: the checks run in whole-stage generated code; the lambda over unexpected keys, and
+            # with it the checks against the batch's clock, in one of their own.
             ("reasons", check_codes(rules)),
             ("reasons", reason_codes(rules, clock_codes(rules, F.col("reasons"), F.col(BATCH_CLOCK)))),
             ("action", action_of(rules, F.col("reasons"))),
@@ -93,12 +98,14 @@ class Validator:
         return cls(rules, tuple(steps))
 
     def __call__(self, raw: DataFrame, info: BatchInfo) -> DataFrame:
-        """Kafka rows (key, value, topic, partition, offset, timestamp) plus the parse, reasons and action."""
-        validated = raw.withColumn(BATCH_CLOCK, F.lit(info.now_ms))
+        """Kafka rows (key, value, topic, partition, offset, timestamp), the batch's clock and id, and the parse,
+        reasons and action."""
+        constants = raw.sparkSession.sql(BATCH_CONSTANTS.format(now_ms=info.now_ms, batch_id=info.batch_id))
+        validated = raw.crossJoin(F.broadcast(constants))
         for name, expression in self.steps:
             validated = validated.withColumn(name, expression)
-        # Only what the writes need is kept (and cached): the parse helpers and the clock go.
-        return validated.drop("json_keys", "text", BATCH_CLOCK)
+        # Only what the writes need is kept (and cached): the parse helpers go.
+        return validated.drop("json_keys", "text")
 
 
 def validate(raw: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
@@ -119,14 +126,12 @@ def _kafka_columns() -> list[Column]:
     ]
 
 
-def _ingest_columns(info: BatchInfo) -> list[Column]:
-    return [
-        F.timestamp_millis(F.lit(info.now_ms)).alias("ingest_time"),
-        F.lit(info.batch_id).cast("long").alias("ingest_batch_id"),
-    ]
+def _ingest_columns() -> list[Column]:
+    """The batch's clock and id, from the validated rows' helper columns (Validator)."""
+    return [F.timestamp_millis(F.col(BATCH_CLOCK)).alias("ingest_time"), F.col(BATCH_ID).alias("ingest_batch_id")]
 
 
-def readings(validated: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
+def readings(validated: DataFrame, rules: Rules) -> DataFrame:
     """Rows to keep (action ok or warn), one per READING_KEY: the first by Kafka (partition, offset)."""
     event_time_ms = F.col("typed.event_time")
     fields = [
@@ -138,7 +143,7 @@ def readings(validated: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
         *fields,
         _event_date(event_time_ms).alias("event_date"),
         *_kafka_columns(),
-        *_ingest_columns(info),
+        *_ingest_columns(),
         F.when(F.col("action") == "warn", F.col("reasons"))
         .otherwise(F.array().cast("array<string>"))
         .alias("warnings"),
@@ -170,7 +175,7 @@ def latest_per_device(readings_df: DataFrame) -> DataFrame:
     return first_per_key(readings_df.select(*cols), ("device_id",), [F.col(c).desc() for c in DEVICE_ORDER])
 
 
-def quarantine(validated: DataFrame, info: BatchInfo) -> DataFrame:
+def quarantine(validated: DataFrame) -> DataFrame:
     """Rejected records as received, with every reason and their Kafka coordinates."""
     return validated.where(F.col("action") == "quarantine").select(
         F.col("key").alias("raw_key"),
@@ -179,8 +184,8 @@ def quarantine(validated: DataFrame, info: BatchInfo) -> DataFrame:
         F.col("reasons")[0].alias("reason"),
         "reasons",
         *_kafka_columns(),
-        *_ingest_columns(info),
-        F.lit(date_of(info.now_ms)).alias("ingest_date"),
+        *_ingest_columns(),
+        _event_date(F.col(BATCH_CLOCK)).alias("ingest_date"),
     )
 
 

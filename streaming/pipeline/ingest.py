@@ -198,7 +198,7 @@ class BatchWriter:
         def append_quarantine() -> None:
             began = time.monotonic()
             try:
-                rows = batch.quarantine(validated, info)
+                rows = batch.quarantine(validated)
                 self._retry(lambda: self.tables.append_quarantine(rows, txn("quarantine")), "quarantine")
             except BaseException as e:  # re-raised in the batch's thread below
                 quarantine_error.append(e)
@@ -206,7 +206,7 @@ class BatchWriter:
 
         side = InheritableThread(target=append_quarantine, name=f"quarantine-{info.batch_id}")
         inserted = device_updates = 0
-        readings = batch.readings(validated, self.rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+        readings = batch.readings(validated, self.rules).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             merged = self._merge_readings(readings, stats, txn, steps) if stats.kept else None
             self.faults.crash_if("after_readings", info.batch_id)

@@ -36,7 +36,7 @@ def validated_batch(spark: SparkSession, rules: Rules, batch_id: int, events: li
     """One batch validated, and its readings rows cached as the job caches them; each batch has its own clock."""
     info = batch.BatchInfo(batch_id, NOW + timedelta(seconds=batch_id))
     validated = batch.validate(kafka_rows(spark, [encode(e) for e in events]), rules, info)
-    return validated, batch.readings(validated, rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+    return validated, batch.readings(validated, rules).persist(StorageLevel.MEMORY_AND_DISK)
 
 
 def batch_rows(spark: SparkSession, rules: Rules, batch_id: int, events: list[dict]) -> Any:

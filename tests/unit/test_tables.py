@@ -42,7 +42,7 @@ def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dic
     info = batch.BatchInfo(batch_id, NOW)
     raw = kafka_rows(spark, [encode(e) for e in events])
     validated = batch.validate(raw, rules, info).persist(StorageLevel.MEMORY_AND_DISK)
-    rows = batch.readings(validated, rules, info).persist(StorageLevel.MEMORY_AND_DISK)
+    rows = batch.readings(validated, rules).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
         ranges = time_ranges(stats.buckets)
@@ -180,7 +180,7 @@ def test_merge_condition_never_splices_message_text(spark: SparkSession, tables:
 def test_quarantine_append_is_idempotent_per_transaction(spark: SparkSession, tables: LakeTables) -> None:
     rules = Rules.from_settings(tables.settings)
     info = batch.BatchInfo(0, NOW)
-    bad = batch.quarantine(batch.validate(kafka_rows(spark, [b"nope", b""]), rules, info), info)
+    bad = batch.quarantine(batch.validate(kafka_rows(spark, [b"nope", b""]), rules, info))
     tables.append_quarantine(bad, Txn("q-quarantine", 0))
     tables.append_quarantine(bad, Txn("q-quarantine", 0))
     assert spark.read.format("delta").load(tables.quarantine_uri).count() == 2
