@@ -113,7 +113,8 @@ def validate(raw: DataFrame, rules: Rules, info: BatchInfo) -> DataFrame:
     return Validator.of(rules)(raw, info)
 
 
-def _event_date(epoch_ms: Column) -> Column:
+def _utc_date(epoch_ms: Column) -> Column:
+    """The UTC date of epoch milliseconds (a Spark column; date_of is the same for a Python int)."""
     return F.date_from_unix_date(F.floor(epoch_ms / DAY_MS).cast("int"))
 
 
@@ -141,7 +142,7 @@ def readings(validated: DataFrame, rules: Rules) -> DataFrame:
     extra = [F.col(f"typed.{c.name}").alias(c.name) for c in rules.extra_columns]
     rows = validated.where(F.col("action").isin(*KEEP)).select(
         *fields,
-        _event_date(event_time_ms).alias("event_date"),
+        _utc_date(event_time_ms).alias("event_date"),
         *_kafka_columns(),
         *_ingest_columns(),
         F.when(F.col("action") == "warn", F.col("reasons"))
@@ -185,7 +186,7 @@ def quarantine(validated: DataFrame) -> DataFrame:
         "reasons",
         *_kafka_columns(),
         *_ingest_columns(),
-        _event_date(F.col(BATCH_CLOCK)).alias("ingest_date"),
+        _utc_date(F.col(BATCH_CLOCK)).alias("ingest_date"),
     )
 
 
