@@ -10,6 +10,7 @@ import base64
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -408,12 +409,14 @@ def ensure_topic(
     timeout: float = 60.0,
     replication_factor: int | None = None,
     min_insync_replicas: int = 1,
+    config: Mapping[str, str] | None = None,
 ) -> int:
     """Create the topic (default: settings.kafka.topic with settings.kafka.partitions) unless it exists,
     then wait until every partition has a leader. Returns the topic's partition count.
 
     `replication_factor` defaults to one replica per broker listed in kafka.bootstrap_servers (at most
     3). `min_insync_replicas` 1 lets producers with acks=all carry on while a single replica is left.
+    `config` adds topic configs (e.g. max.message.bytes) to a topic this call creates.
     """
     topic = topic or settings.kafka.topic
     partitions = partitions or settings.kafka.partitions
@@ -426,7 +429,7 @@ def ensure_topic(
         topic,
         num_partitions=partitions,
         replication_factor=replication_factor,
-        config={"min.insync.replicas": str(min_insync_replicas)},
+        config={"min.insync.replicas": str(min_insync_replicas), **(config or {})},
     )
     future = admin.create_topics(
         [new_topic],

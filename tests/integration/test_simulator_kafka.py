@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
-from confluent_kafka.admin import NewTopic
 
 from producers.cli import parse_config, run
 from producers.faults import DUPLICATE, LATE, MALFORMED_KINDS, OUT_OF_ORDER, VALID
 from producers.metrics import SimulatorMetrics
 from producers.options import SimOptions
 from producers.stream import EventStream, simulate, wall_clock_ms
-from stack.kafka import admin_client
+from stack.kafka import admin_client, ensure_topic
 from streaming.core.config import Settings
 from tests.unit.test_simulator_cli import FAULT_FLAGS, comparable, recent_start
 
@@ -133,9 +132,10 @@ def test_a_topic_refusing_every_batch_counts_every_message_failed_by_kind(
     refused batch and sends the halves again, down to single messages, which are refused too.
     """
     topic = f"{settings.kafka.topic}-refusing"
+    # Created, then awaited until the broker's metadata has it: create_topics returns once the controller has
+    # committed the topic, which can be before the broker the simulator asks has applied it.
+    ensure_topic(settings, topic=topic, partitions=3, timeout=30, config={"max.message.bytes": "64"})
     admin = admin_client(settings.kafka.bootstrap_servers)
-    new = NewTopic(topic, num_partitions=3, replication_factor=1, config={"max.message.bytes": "64"})
-    admin.create_topics([new])[topic].result(timeout=30)
     count, start = 300, recent_start()
     path = tmp_path / "s.json"
     argv = ["--bootstrap-servers", settings.kafka.bootstrap_servers, "--topic", topic, "--backend", backend]
