@@ -79,8 +79,12 @@ def per_batch(settings: Settings, batches: list[BatchLine], checkpoint: Path) ->
                     "numSourceRows",
                     "numTargetRowsInserted",
                     "numTargetFilesAdded",
+                    "numTargetFilesBeforeSkipping",
+                    "numTargetFilesAfterSkipping",
+                    "numTargetBytesAfterSkipping",
                     "scanTimeMs",
                     "rewriteTimeMs",
+                    "executionTimeMs",
                 )
                 if k in m
             }
