@@ -141,6 +141,7 @@ FIGURES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
     "floor_latency_p99_s": ("latency", _get("floor_latency_p99_s")),
     "latency_p50_over_floor": ("latency", _get("latency_p50_over_floor")),
     "latency_p99_over_floor": ("latency", _get("latency_p99_over_floor")),
+    "readings_merge_s_per_million_rows": ("latency", _get("readings_merge_growth", "s_per_million_table_rows")),
     "latency_p99_s_at_20k": ("latency_20k", _get("latency_p99_s")),
     "tiny_batch_s": ("tiny", _get("tiny_batch_s")),
     "floor_tiny_batch_s": ("tiny", _get("floor_tiny_batch_s")),

@@ -16,7 +16,7 @@ from bench.job import FAULTS, BenchError, MetricsPoller, Proc, ingest_argv, sim_
 from bench.lake import delta_commits, readings_cdf, table_cdf, trigger_times
 from bench.procs import ProcSampler
 from bench.stack import BenchStack, free_port
-from bench.stats import median, parse_batch_lines, percentile, summarize
+from bench.stats import least_squares, median, parse_batch_lines, percentile, summarize
 from streaming.core.config import IngestConfig, Settings, load_settings, parse_duration
 from streaming.lake.status import stream_status
 
@@ -231,6 +231,7 @@ def run_latency(stack: BenchStack, workdir: Path, params: LatencyParams, echo: A
         "batch_parts_mean_s": {
             k: round(sum(p.get(k, 0.0) for p in parts[1:]) / max(len(parts) - 1, 1), 3) for k in shares
         },
+        "readings_merge_growth": merge_growth(parts),
         "bound": latency_bound(percentile([b.seconds for b in batches], 50) if batches else 0.0, shares),
         "progress_phases_s": poller.reports[-20:],
         "lag_after_batch_messages": [r.get("lag_messages") for r in poller.reports],
@@ -322,6 +323,36 @@ def floor_tiny_batch_s(batches: list[list[float]], max_messages: int, skip: int)
     with rows (`batches`: [rows, seconds] in order), as tiny_figures takes the job's; None when there are none."""
     tiny = [seconds for rows, seconds in batches[skip:] if 1 <= rows <= max_messages]
     return round(median(tiny), 3) if tiny else None
+
+
+def merge_growth(parts: list[dict[str, Any]], skip: int = 3) -> dict[str, Any] | None:
+    """How the readings MERGE's time grows with the rows already in the table, over one run's batches.
+
+    A least-squares fit, readings_merge_s ~ intercept + a * (table rows before the batch) + b * (batch messages),
+    over the batches after the first `skip` (warm-up); the table starts empty, so its rows before a batch are the
+    readings the batches before it inserted. None when fewer than 5 batches remain or the fit is degenerate.
+    """
+    rows_before, xs, ys = 0, [], []
+    for i, p in enumerate(parts):
+        merge_s = p.get("readings_merge_s")
+        if i >= skip and merge_s is not None and p.get("messages"):
+            xs.append([1.0, rows_before / 1e6, p["messages"] / 1e4])
+            ys.append(float(merge_s))
+        rows_before += p.get("inserted") or 0
+    if len(xs) < 5:
+        return None
+    try:
+        (intercept, per_million, per_10k), r2 = least_squares(xs, ys)
+    except ValueError:
+        return None
+    return {
+        "s_per_million_table_rows": round(per_million, 3),
+        "s_per_10k_batch_messages": round(per_10k, 3),
+        "intercept_s": round(intercept, 3),
+        "r2": round(r2, 3),
+        "batches": len(xs),
+        "table_rows_at_end": rows_before,
+    }
 
 
 def latency_bound(batch_p50_s: float, shares: dict[str, float]) -> str:

@@ -47,6 +47,8 @@ TARGETS: tuple[Target, ...] = (
            lambda v: True),
     Target("latency_p50_over_floor", "latency p50, job / plain append", "x", "(none)", lambda v: True),
     Target("latency_p99_over_floor", "latency p99, job / plain append", "x", "(none)", lambda v: True),
+    Target("readings_merge_s_per_million_rows", "readings MERGE, seconds more per million rows in the table",
+           "s", "(none)", lambda v: True),
     Target("latency_p99_s_at_20k", "latency p99 at 20,000 events/s", "s", "<= 10", lambda v: v <= 10),
     Target("tiny_batch_s", "a batch of <= 100 messages, whole trigger, three tables", "s", "<= 1.0",
            lambda v: v <= 1.0),
@@ -216,6 +218,14 @@ def notes(result: Mapping[str, Any]) -> list[str]:
             f"{lat['trigger_seconds'].get('p50', 0):.1f} s (p50 whole trigger). "
             f"Mean progress phases (s): {lat['progress_phase_means_s']}. Bound: {lat['bound']}."
         )
+        growth = lat.get("readings_merge_growth")
+        if growth:
+            out.append(
+                f"  **The readings MERGE against the table's size**: a least-squares fit over {growth['batches']} "
+                f"batches, readings_merge_s = {growth['intercept_s']} s + {growth['s_per_million_table_rows']} s per "
+                f"million rows already in the table + {growth['s_per_10k_batch_messages']} s per 10,000 messages of "
+                f"the batch (R² {growth['r2']}); the table held {growth['table_rows_at_end']:,} rows at the end."
+            )
         floor = lat.get("floor")
         if floor:
             out.append(

@@ -144,6 +144,31 @@ def summarize(values: Iterable[float], digits: int = 3) -> dict[str, float | int
     }
 
 
+def least_squares(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> tuple[list[float], float]:
+    """Ordinary least squares y ~ x (each row of `xs` holds every regressor; put a 1 first for an intercept):
+    the coefficients and R². Raises ValueError with fewer rows than regressors or collinear regressors."""
+    k = len(xs[0]) if xs else 0
+    if k == 0 or len(xs) < k or len(xs) != len(ys):
+        raise ValueError(f"least squares needs at least {max(k, 1)} rows of {k} regressors and one y each")
+    # The normal equations (X'X) c = X'y, solved by Gauss-Jordan elimination with partial pivoting.
+    pairs = list(zip(xs, ys, strict=True))
+    m = [[sum(r[i] * r[j] for r in xs) for j in range(k)] + [sum(r[i] * y for r, y in pairs)] for i in range(k)]
+    for i in range(k):
+        pivot = max(range(i, k), key=lambda row: abs(m[row][i]))
+        if abs(m[pivot][i]) < 1e-12:
+            raise ValueError("least squares: the regressors are collinear")
+        m[i], m[pivot] = m[pivot], m[i]
+        m[i] = [v / m[i][i] for v in m[i]]
+        for r in range(k):
+            if r != i:
+                m[r] = [a - m[r][i] * b for a, b in zip(m[r], m[i], strict=True)]
+    coef = [m[i][k] for i in range(k)]
+    mean = sum(ys) / len(ys)
+    total = sum((y - mean) ** 2 for y in ys)
+    residual = sum((y - sum(c * x for c, x in zip(coef, r, strict=True))) ** 2 for r, y in pairs)
+    return coef, (1 - residual / total) if total else 1.0
+
+
 # The parts of a foreachBatch call batch_breakdown() returns, in the order they run; they add up to its time.
 BREAKDOWN_KEYS = (
     "validate_count_quarantine_s",  # sequential writer: Kafka read, parse, validate, count, quarantine append

@@ -26,6 +26,7 @@ from bench.stats import (
     BatchLine,
     Commit,
     batch_breakdown,
+    least_squares,
     median,
     parse_batch_lines,
     parse_commit,
@@ -512,3 +513,38 @@ def test_the_floors_tiny_batch_is_taken_like_the_jobs() -> None:
     batches = [[40, 9.0], [60, 5.0], [50, 0.9], [101, 2.0], [45, 0.7], [55, 0.8]]  # [rows, seconds], with rows
     assert floor_tiny_batch_s(batches, max_messages=100, skip=2) == 0.8  # not the warm-up or the 101-row batch
     assert floor_tiny_batch_s(batches[:2], max_messages=100, skip=2) is None
+
+
+def test_least_squares_recovers_a_plane_and_refuses_what_it_cannot_fit() -> None:
+    xs = [[1.0, a, b] for a, b in [(0, 1), (1, 0), (2, 3), (3, 1), (4, 4), (5, 2)]]
+    ys = [0.5 + 2.0 * r[1] - 0.25 * r[2] for r in xs]
+    coef, r2 = least_squares(xs, ys)
+    assert [round(c, 9) for c in coef] == [0.5, 2.0, -0.25] and round(r2, 9) == 1.0
+    noisy = [y + (0.3 if i % 2 else -0.3) for i, y in enumerate(ys)]
+    assert 0.9 < least_squares(xs, noisy)[1] < 1.0
+    with pytest.raises(ValueError, match="collinear"):
+        least_squares([[1.0, a, 2 * a] for a in range(5)], [1.0] * 5)
+    with pytest.raises(ValueError, match="at least 3 rows"):
+        least_squares(xs[:2], ys[:2])
+
+
+def test_the_readings_merge_growth_is_fitted_on_the_rows_the_table_held_before_each_batch() -> None:
+    from bench.latency import merge_growth
+
+    parts, rows = [], 0
+    for i, messages in enumerate([4000, 30000, 28000, 35000, 26000, 41000, 33000, 52000, 29000, 47000]):
+        merge_s = 0.4 + 0.97 * rows / 1e6 + 0.36 * messages / 1e4
+        parts.append({"batch_id": i, "messages": messages, "inserted": messages - 1000,
+                      "readings_merge_s": merge_s + (20.0 if i < 3 else 0.0)})  # fmt: skip
+        rows += messages - 1000
+    growth = merge_growth(parts, skip=3)  # the warm-up's 20 s is left out, not fitted
+    assert growth is not None
+    assert (growth["s_per_million_table_rows"], growth["s_per_10k_batch_messages"], growth["intercept_s"]) == (
+        0.97,
+        0.36,
+        0.4,
+    )
+    assert (growth["r2"], growth["batches"], growth["table_rows_at_end"]) == (1.0, 7, rows)
+    assert merge_growth(parts[:7], skip=3) is None  # 4 batches after the warm-up: too few to fit
+    without_merge = [{**p, "readings_merge_s": None} for p in parts]  # batches that kept no reading
+    assert merge_growth(without_merge) is None
