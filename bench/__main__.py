@@ -26,8 +26,8 @@ from bench.simulator import SimulatorParams, run_simulator
 from bench.stack import BenchStack, bench_stack
 from bench.stats import median
 
-SECTIONS = ("simulator", "sustained", "latency", "latency_20k", "tiny", "merge", "compaction")
-# Run --repeats times, the median reported with the spread; the others repeat inside (simulator, merge, compaction).
+SECTIONS = ("simulator", "sustained", "latency", "latency_20k", "tiny", "merge", "merge_open", "compaction")
+# Run --repeats times, the median reported with the spread; the others repeat inside (simulator, merges, compaction).
 REPEATED = ("sustained", "latency", "latency_20k", "tiny")
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -107,6 +107,7 @@ def params_from(args: argparse.Namespace) -> dict[str, Any]:
         "latency_20k": high,
         "tiny": tiny,
         "merge": mer,
+        "merge_open": replace(mer, rate=5000.0),
         "compaction": com,
     }
 
@@ -148,6 +149,7 @@ FIGURES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
     "tiny_batch_over_floor": ("tiny", _get("tiny_batch_over_floor")),
     "merge_time_ratio_10m_over_1m": ("merge", _get("literal_ratio")),
     "merge_time_ratio_10m_over_1m_seed": ("merge", _get("seed_ratio")),
+    "merge_time_ratio_10m_over_1m_open": ("merge_open", _get("literal_ratio")),
     "compaction_query_speedup": ("compaction", _get("query", "speedup")),
     "compaction_files_read_ratio": ("compaction", _get("query", "files_ratio")),
     "ingest_drop_during_compaction_pct": ("compaction", _get("ingest", "drop_pct")),
@@ -204,6 +206,7 @@ def run_sections(
         "latency_20k": run_latency,
         "tiny": run_tiny,
         "merge": run_merge,
+        "merge_open": run_merge,
         "compaction": run_compaction,
     }
     sections: dict[str, Any] = {}

@@ -2,8 +2,11 @@
 
 The readings table is created by LakeTables.ensure() on MinIO (s3a) and filled with synthetic rows in its
 schema: one row per `step_ms` of event time going back from a head a few minutes before now, written in
-contiguous time slices of `rows_per_file` rows (one file per slice and date, like the job's backfill
-batches). Growing from 1M to 10M adds the 9M older rows, spread over the previous days.
+contiguous time slices of `rows_per_file` rows (one file per slice and date, like the job's batches). Like the
+job's files, each slice holds `late_fraction` late rows, 5 minutes to 6 hours older than the slice, so its
+event_time range spans hours. Growing from 1M to 10M adds the 9M older rows: spread over the previous days in
+the `merge` section (the dedup horizon: the date literals prune them), within the open partition at 5,000 rows/s
+in `merge_open` (10M rows are 33 minutes of a stream at the demo rate: what a batch meets during the day).
 
 Each timed MERGE gets a fresh, materialized batch (new event ids): mostly new events of the last minutes,
 ~1% exact copies of recent table rows, a few late events from hours ago. The literal MERGE gets the dates
@@ -32,6 +35,7 @@ from streaming.pipeline.tables import LakeTables
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
 DAY_MS = 24 * HOUR_MS
+LATE_SPAN_MS = 6 * HOUR_MS - 5 * MINUTE_MS  # the simulator's late events: 5 min to 6 h behind
 SCAN_METRICS = {
     "number of files read": "files_read",
     "size of files read": "bytes_read",
@@ -52,6 +56,7 @@ class MergeParams:
     warmup_rounds: int = 2  # untimed (literal, seed) pairs at the first size: JIT and caches
     devices: int = 200
     head_lag_min: float = 5.0  # newest table row: this many minutes before the bench started
+    rate: float | None = None  # table rows as dense as a stream of this many events/s (None: over span_days)
 
 
 class Synth:
@@ -64,7 +69,7 @@ class Synth:
         self.params = params
         self.now_ms = now_ms
         self.head_ms = now_ms - int(params.head_lag_min * MINUTE_MS)
-        self.step_ms = params.span_days * DAY_MS / max(params.sizes)
+        self.step_ms = 1000 / params.rate if params.rate else params.span_days * DAY_MS / max(params.sizes)
         self.schema = T.StructType([T.StructField(c.name, c.type, True) for c in READINGS_COLUMNS])
         self.table_prefix = event_id_prefix(1, self.head_ms)
 
@@ -99,14 +104,25 @@ class Synth:
         }
         return ids.select(*[cols[f.name].cast(f.dataType).alias(f.name) for f in self.schema.fields])
 
+    def _table_time_ms(self) -> Any:
+        """Event time (ms) of table row `id`: one every step_ms back from the head; a late_fraction of the rows
+        5 min to 6 h older than that (the simulator's late events), as in the job's files."""
+        from pyspark.sql import functions as F
+
+        def unit(salt: str) -> Any:
+            return F.abs(F.xxhash64(F.lit(salt), F.col("id")) % 1_000_000) / 1_000_000.0
+
+        lag = F.lit(5 * MINUTE_MS) + unit("lag") * F.lit(LATE_SPAN_MS)
+        late = unit("late") < F.lit(self.params.late_fraction)
+        return F.lit(self.head_ms) - F.col("id") * F.lit(self.step_ms) - F.when(late, lag).otherwise(F.lit(0.0))
+
     def table_rows(self, start: int, end: int) -> Any:
-        """Table rows start..end-1: one every step_ms going back from the head, in contiguous file slices."""
+        """Table rows start..end-1, in contiguous file slices of rows_per_file."""
         from pyspark.sql import functions as F
 
         slices = max(1, -(-(end - start) // self.params.rows_per_file))
         ids = self.spark.range(start, end, numPartitions=slices)
-        time_ms = F.lit(self.head_ms) - F.col("id") * F.lit(self.step_ms)
-        return self._rows(ids, self.table_prefix, time_ms, F.col("id") / self.params.rows_per_file)
+        return self._rows(ids, self.table_prefix, self._table_time_ms(), F.col("id") / self.params.rows_per_file)
 
     def batch(self, run: int) -> Any:
         """A fresh MERGE batch: new events of the last minutes, ~1% duplicates of recent rows, a few late ones."""
@@ -124,11 +140,10 @@ class Synth:
             F.lit(self.now_ms) - F.col("id") * F.lit(window / max(n_new, 1)),
             F.lit(-1 - run),
         )
-        late_span = 6 * HOUR_MS - 5 * MINUTE_MS  # the simulator's late events: 5 min to 6 h behind
         late = self._rows(
             self.spark.range(n_new, n_new + n_late),
             prefix,
-            F.lit(self.now_ms - 5 * MINUTE_MS) - (F.col("id") - n_new) * F.lit(late_span / max(n_late, 1)),
+            F.lit(self.now_ms - 5 * MINUTE_MS) - (F.col("id") - n_new) * F.lit(LATE_SPAN_MS / max(n_late, 1)),
             F.lit(-1 - run),
         )
         # Exact copies of table rows from its newest 30 minutes (same event_id, event_time, event_date).
@@ -138,7 +153,7 @@ class Synth:
         dups = self._rows(
             dup_ids,
             self.table_prefix,
-            F.lit(self.head_ms) - F.col("id") * F.lit(self.step_ms),
+            self._table_time_ms(),
             F.col("id") / self.params.rows_per_file,
         )
         return new.unionByName(late).unionByName(dups).repartition(4, "event_id")
