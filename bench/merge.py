@@ -203,9 +203,13 @@ class ScanMetrics:
 
     def since_last(self) -> dict[str, float]:
         """Scan metrics summed over the SQL executions since the previous call."""
-        data = self._get(f"/sql?details=true&planDescription=false&offset={self.seen + 1}&length=1000") or []
+        # The API's offset counts the executions the UI retains, not their ids: ids run on across the
+        # SparkContexts of one JVM (a second section's start after the first's), so new ones are picked by id.
+        data = self._get("/sql?details=true&planDescription=false&length=100000") or []
         totals: dict[str, float] = {}
         for execution in data:
+            if int(execution["id"]) <= self.seen:
+                continue
             self.seen = max(self.seen, int(execution["id"]))
             if not str(execution.get("description", "")).startswith("MERGE operation"):
                 continue  # Delta's snapshot and log reads have their own executions
