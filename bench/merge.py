@@ -8,10 +8,12 @@ event_time range spans hours. Growing from 1M to 10M adds the 9M older rows: spr
 the `merge` section (the dedup horizon: the date literals prune them), within the open partition at 5,000 rows/s
 in `merge_open` (10M rows are 33 minutes of a stream at the demo rate: what a batch meets during the day).
 
-Each timed MERGE gets a fresh, materialized batch (new event ids): mostly new events of the last minutes,
-~1% exact copies of recent table rows, a few late events from hours ago. The literal MERGE gets the dates
-and event-time ranges computed exactly as streaming/pipeline/ingest.py computes them. Before each MERGE the table
-is restored (Delta RESTORE) to the version of the size under test, so every run sees the same table.
+Each timed MERGE gets a fresh, materialized batch (new event ids), in `make run`'s fault mix: new events
+after the table's newest row, as dense as the batch would be at 5,000 events/s (250,000 rows: 50 s); 2% exact
+copies of the table's newest DUPLICATE_HISTORY rows (the simulator re-sends one of its last 10,000 messages);
+1% late events, 5 minutes to 6 hours back. The literal MERGE gets the dates and event-time ranges computed
+exactly as streaming/pipeline/ingest.py computes them. Before each MERGE the table is restored (Delta RESTORE)
+to the version of the size under test, so every run sees the same table.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from bench.stack import BenchStack, free_port
 from bench.stats import median
 from producers.encoding import event_id_prefix
+from producers.faults import DUPLICATE_HISTORY
 from streaming.core.config import load_settings
 from streaming.core.http import get_json
 from streaming.core.session import build_session
@@ -48,14 +51,14 @@ SCAN_METRICS = {
 class MergeParams:
     sizes: tuple[int, ...] = (1_000_000, 10_000_000)
     batch_rows: int = 250_000
-    duplicate_fraction: float = 0.01
-    late_fraction: float = 0.005
+    duplicate_fraction: float = 0.02  # `make run`'s fault mix
+    late_fraction: float = 0.01  # of the batch and of the table's rows, as in `make run`'s fault mix
     runs: int = 3
     span_days: float = 7.0  # the largest table covers this much event time (the dedup horizon)
     rows_per_file: int = 250_000
     warmup_rounds: int = 2  # untimed (literal, seed) pairs at the first size: JIT and caches
     devices: int = 200
-    head_lag_min: float = 5.0  # newest table row: this many minutes before the bench started
+    batch_rate: float = 5000.0  # the batch's new events are as dense as a stream of this many events/s
     rate: float | None = None  # table rows as dense as a stream of this many events/s (None: over span_days)
 
 
@@ -68,7 +71,7 @@ class Synth:
         self.spark = spark
         self.params = params
         self.now_ms = now_ms
-        self.head_ms = now_ms - int(params.head_lag_min * MINUTE_MS)
+        self.head_ms = now_ms - int(params.batch_rows / params.batch_rate * 1000)  # the batch's new events follow
         self.step_ms = 1000 / params.rate if params.rate else params.span_days * DAY_MS / max(params.sizes)
         self.schema = T.StructType([T.StructField(c.name, c.type, True) for c in READINGS_COLUMNS])
         self.table_prefix = event_id_prefix(1, self.head_ms)
@@ -125,7 +128,7 @@ class Synth:
         return self._rows(ids, self.table_prefix, self._table_time_ms(), F.col("id") / self.params.rows_per_file)
 
     def batch(self, run: int) -> Any:
-        """A fresh MERGE batch: new events of the last minutes, ~1% duplicates of recent rows, a few late ones."""
+        """A fresh MERGE batch: new events since the table's head, duplicates of its newest rows, late ones."""
         from pyspark.sql import functions as F
 
         p = self.params
@@ -146,10 +149,8 @@ class Synth:
             F.lit(self.now_ms - 5 * MINUTE_MS) - (F.col("id") - n_new) * F.lit(LATE_SPAN_MS / max(n_late, 1)),
             F.lit(-1 - run),
         )
-        # Exact copies of table rows from its newest 30 minutes (same event_id, event_time, event_date).
-        recent = int(30 * MINUTE_MS / self.step_ms)
-        stride = max(1, recent // max(n_dup, 1))
-        dup_ids = self.spark.range(0, n_dup).select(((F.col("id") * stride + run) % max(recent, 1)).alias("id"))
+        # Exact copies of the table's newest DUPLICATE_HISTORY rows (same event_id, event_time, event_date).
+        dup_ids = self.spark.range(0, n_dup).select(((F.col("id") * 7 + run) % DUPLICATE_HISTORY).alias("id"))
         dups = self._rows(
             dup_ids,
             self.table_prefix,
