@@ -18,7 +18,6 @@ from bench.procs import ProcSampler
 from bench.stack import BenchStack, free_port
 from bench.stats import BREAKDOWN_KEYS, BatchLine, batch_breakdown, median, parse_batch_lines, steady_rate, summarize
 from streaming.core.config import Settings, load_settings
-from streaming.pipeline.tables import LATE_TXN
 
 STARTED_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ iotlake\.ingest: streaming query \S+ started")
 
@@ -50,13 +49,12 @@ def query_started_at(log_text: str) -> float | None:
 def per_batch(settings: Settings, batches: list[BatchLine], checkpoint: Path) -> list[dict[str, Any]]:
     """Each batch: messages, foreachBatch seconds, trigger seconds, and where the time went."""
     t = settings.tables
-    commits = {name: by_batch(delta_commits(settings, name)) for name in (t.quarantine.name, t.device_state.name)}
-    readings_log = delta_commits(settings, t.readings.name)
-    on_time, late = by_batch(readings_log, "readings"), by_batch(readings_log, LATE_TXN)
+    commits = {name: by_batch(delta_commits(settings, name)) for name in (t.quarantine.name, t.readings.name)}
+    commits[t.device_state.name] = by_batch(delta_commits(settings, t.device_state.name))
     triggers = {x.batch_id: x for x in trigger_times(checkpoint)}
     rows = []
     for b in batches:
-        readings = on_time.get(b.batch_id)
+        readings = commits[t.readings.name].get(b.batch_id)
         row: dict[str, Any] = {
             "batch_id": b.batch_id,
             "messages": b.messages,
@@ -67,7 +65,6 @@ def per_batch(settings: Settings, batches: list[BatchLine], checkpoint: Path) ->
                 commits[t.quarantine.name].get(b.batch_id),
                 readings,
                 commits[t.device_state.name].get(b.batch_id),
-                late.get(b.batch_id),
             ),
         }
         trig = triggers.get(b.batch_id)

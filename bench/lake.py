@@ -42,15 +42,9 @@ def delta_commits(settings: Settings, table: str) -> list[Commit]:
     return sorted(commits, key=lambda c: c.version)
 
 
-def by_batch(commits: list[Commit], name: str | None = None) -> dict[int, Commit]:
-    """Commits keyed by the batch id their Delta transaction id carries (txn version = batch_id); with `name`, only
-    those whose app id is `<query id>-<name>` (readings has two a batch: "readings" and LATE_TXN)."""
-    return {
-        v: c
-        for c in commits
-        for app, v in zip(c.txn_apps, c.txn_versions, strict=True)
-        if name is None or app.endswith(f"-{name}")
-    }
+def by_batch(commits: list[Commit]) -> dict[int, Commit]:
+    """Commits keyed by the batch id their Delta transaction id carries (txn version = batch_id)."""
+    return {v: c for c in commits for v in c.txn_versions}
 
 
 def readings_cdf(settings: Settings, starting_version: int = 1) -> pa.Table:

@@ -326,19 +326,18 @@ def floor_tiny_batch_s(batches: list[list[float]], max_messages: int, skip: int)
 
 
 def merge_growth(parts: list[dict[str, Any]], skip: int = 3) -> dict[str, Any] | None:
-    """How the readings MERGEs' time grows with the rows already in the table, over one run's batches.
+    """How the readings MERGE's time grows with the rows already in the table, over one run's batches.
 
-    A least-squares fit, readings_merge_s + readings_late_merge_s ~ intercept + a * (table rows before the batch)
-    + b * (batch messages), over the batches after the first `skip` (warm-up); the table starts empty, so its rows
-    before a batch are the readings the batches before it inserted. None when fewer than 5 batches remain or the
-    fit is degenerate.
+    A least-squares fit, readings_merge_s ~ intercept + a * (table rows before the batch) + b * (batch messages),
+    over the batches after the first `skip` (warm-up); the table starts empty, so its rows before a batch are the
+    readings the batches before it inserted. None when fewer than 5 batches remain or the fit is degenerate.
     """
     rows_before, xs, ys = 0, [], []
     for i, p in enumerate(parts):
         merge_s = p.get("readings_merge_s")
         if i >= skip and merge_s is not None and p.get("messages"):
             xs.append([1.0, rows_before / 1e6, p["messages"] / 1e4])
-            ys.append(float(merge_s) + float(p.get("readings_late_merge_s") or 0.0))
+            ys.append(float(merge_s))
         rows_before += p.get("inserted") or 0
     if len(xs) < 5:
         return None

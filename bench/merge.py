@@ -2,10 +2,9 @@
 
 The readings table is created by LakeTables.ensure() on MinIO (s3a) and filled with synthetic rows in its
 schema: one row per `step_ms` of event time going back from a head a few minutes before now, written in
-contiguous time slices of `rows_per_file` rows, like the job's batches. A `late_fraction` of each slice's rows
-are late, 5 minutes to 6 hours older than the slice, and as the job writes them (streaming/pipeline/batch.py,
-ReadingsPlan) they are in files of their own: each slice is one file of on-time rows per date and one of its late
-rows per date. Growing from 1M to 10M adds the 9M older rows: spread over the previous days in
+contiguous time slices of `rows_per_file` rows (one file per slice and date, like the job's batches). Like the
+job's files, each slice holds `late_fraction` late rows, 5 minutes to 6 hours older than the slice, so its
+event_time range spans hours. Growing from 1M to 10M adds the 9M older rows: spread over the previous days in
 the `merge` section (the dedup horizon: the date literals prune them), within the open partition at 5,000 rows/s
 in `merge_open` (10M rows are 33 minutes of a stream at the demo rate: what a batch meets during the day).
 
@@ -33,7 +32,6 @@ from producers.faults import DUPLICATE_HISTORY
 from streaming.core.config import load_settings
 from streaming.core.http import get_json
 from streaming.core.session import build_session
-from streaming.pipeline.batch import SECOND_MS, ReadingsPlan, readings_plan
 from streaming.pipeline.schema import READINGS_COLUMNS
 from streaming.pipeline.tables import LakeTables
 
@@ -109,33 +107,25 @@ class Synth:
         }
         return ids.select(*[cols[f.name].cast(f.dataType).alias(f.name) for f in self.schema.fields])
 
-    def _late(self) -> Any:
-        """Whether table row `id` is a late one: a late_fraction of the rows."""
-        from pyspark.sql import functions as F
-
-        return _unit("late") < F.lit(self.params.late_fraction)
-
     def _table_time_ms(self) -> Any:
-        """Event time (ms) of table row `id`: one every step_ms back from the head; the late rows 5 min to 6 h
-        older than that (the simulator's late events)."""
+        """Event time (ms) of table row `id`: one every step_ms back from the head; a late_fraction of the rows
+        5 min to 6 h older than that (the simulator's late events), as in the job's files."""
         from pyspark.sql import functions as F
 
-        lag = F.lit(5 * MINUTE_MS) + _unit("lag") * F.lit(LATE_SPAN_MS)
-        on_time = F.lit(self.head_ms) - F.col("id") * F.lit(self.step_ms)
-        return on_time - F.when(self._late(), lag).otherwise(F.lit(0.0))
+        def unit(salt: str) -> Any:
+            return F.abs(F.xxhash64(F.lit(salt), F.col("id")) % 1_000_000) / 1_000_000.0
+
+        lag = F.lit(5 * MINUTE_MS) + unit("lag") * F.lit(LATE_SPAN_MS)
+        late = unit("late") < F.lit(self.params.late_fraction)
+        return F.lit(self.head_ms) - F.col("id") * F.lit(self.step_ms) - F.when(late, lag).otherwise(F.lit(0.0))
 
     def table_rows(self, start: int, end: int) -> Any:
-        """Table rows start..end-1, in contiguous slices of rows_per_file: each slice's on-time rows in one task
-        (one file per date), and its late rows in another, as the job's two MERGEs write a batch."""
+        """Table rows start..end-1, in contiguous file slices of rows_per_file."""
         from pyspark.sql import functions as F
 
         slices = max(1, -(-(end - start) // self.params.rows_per_file))
-        ids = self.spark.range(start, end, numPartitions=slices)  # contiguous ids per partition: one slice each
-        on_time, late = ids.where(~self._late()), ids.where(self._late())
-        time_ms, batch_id = self._table_time_ms(), F.col("id") / self.params.rows_per_file
-        return self._rows(on_time, self.table_prefix, time_ms, batch_id).union(
-            self._rows(late, self.table_prefix, time_ms, batch_id)
-        )
+        ids = self.spark.range(start, end, numPartitions=slices)
+        return self._rows(ids, self.table_prefix, self._table_time_ms(), F.col("id") / self.params.rows_per_file)
 
     def batch(self, run: int) -> Any:
         """A fresh MERGE batch: new events since the table's head, duplicates of its newest rows, late ones."""
@@ -170,23 +160,22 @@ class Synth:
         return new.unionByName(late).unionByName(dups).repartition(4, "event_id")
 
 
-def _unit(salt: str) -> Any:
-    """A uniform draw in [0, 1) from row `id`, the same in every run."""
+def job_span(rows: Any) -> tuple[list[Any], list[tuple[int, int]]]:
+    """The batch's literal dates and event-time ranges, as streaming/pipeline/ingest.py derives them for the MERGE.
+
+    The job takes the UTC dates and the TIME_BUCKET_MS buckets of the kept rows' event times, and turns the
+    buckets into ranges with time_ranges(); the same values come from the deduplicated rows here.
+    """
     from pyspark.sql import functions as F
 
-    return F.abs(F.xxhash64(F.lit(salt), F.col("id")) % 1_000_000) / 1_000_000.0
+    from streaming.pipeline.batch import TIME_BUCKET_MS, time_ranges
 
-
-def job_plan(rows: Any) -> ReadingsPlan:
-    """The batch's readings plan (the two MERGEs' dates and event-time ranges), as streaming/pipeline/ingest.py
-    derives it: from the rows per second of event time and the newest event time."""
-    from pyspark.sql import functions as F
-
-    second = F.floor(F.unix_millis("event_time") / SECOND_MS)
-    counts = rows.groupBy(second.alias("s")).agg(F.count(F.lit(1)).alias("n"), F.max(F.unix_millis("event_time")))
-    collected = counts.collect()
-    seconds = {int(r[0]): int(r[1]) for r in collected}
-    return readings_plan(seconds, max(int(r[2]) for r in collected))
+    span = rows.agg(
+        F.collect_set("event_date").alias("dates"),
+        F.collect_set(F.floor(F.unix_millis("event_time") / TIME_BUCKET_MS)).alias("buckets"),
+    ).first()
+    assert span is not None
+    return list(span["dates"]), time_ranges(int(b) for b in span["buckets"])
 
 
 def seed_merge(spark: Any, uri: str, source: Any) -> None:
@@ -321,37 +310,25 @@ def run_merge(stack: BenchStack, workdir: Path, params: MergeParams, echo: Any =
             rows = synth.batch(next(batches)).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 source_rows = rows.count()
-                plan = job_plan(rows)
+                dates, ranges = job_span(rows)
                 scans.since_last()
                 t0 = time.monotonic()
                 if kind == "literal":
-                    parts = tables.insert_readings(rows, plan, lambda name: None, False).parts
-                    commits = len(parts)
+                    tables.merge_readings(rows, dates, ranges, None, False)
                 else:
                     seed_merge(spark, uri, rows)
-                    commits = 1
                 seconds = time.monotonic() - t0
             finally:
                 current = None
                 rows.unpersist()
-            history = DeltaTable.forPath(spark, uri).history(commits).collect()
+            history = DeltaTable.forPath(spark, uri).history(1).first()
+            metrics = dict(history["operationMetrics"] or {}) if history is not None else {}
             return {
                 "seconds": round(seconds, 3),
                 "source_rows": source_rows,
-                **(
-                    {
-                        "late_rows": plan.late.rows,
-                        "dates": [str(d) for d in sorted({*plan.on_time.dates, *plan.late.dates})],
-                        "time_ranges": {"on_time": len(plan.on_time.ranges), "late": len(plan.late.ranges)},
-                        "seconds_by_merge": {name: round(s, 3) for name, (_, s) in parts.items()},
-                    }
-                    if kind == "literal"
-                    else {}
-                ),
-                "delta_metrics": [
-                    {k: v for k, v in (h["operationMetrics"] or {}).items() if k in MERGE_KEYS}
-                    for h in reversed(history)
-                ],
+                "dates": [str(d) for d in sorted(dates)],
+                "time_ranges": len(ranges),
+                "delta_metrics": {k: metrics[k] for k in MERGE_KEYS if k in metrics},
                 "scan": scans.since_last(),
             }
 

@@ -2,8 +2,7 @@
 
 Each batch of the preloaded topic (`make run`'s fault mix) is validated and deduplicated once, as the job does,
 then written to three tables of its own, in an order that alternates from batch to batch:
-- `merge`: the job's insert-only MERGEs (`LakeTables.insert_readings`: on-time rows, then late ones), dates and
-  event-time ranges as literals;
+- `merge`: the job's insert-only MERGE (`LakeTables.merge_readings`), dates and event-time ranges as literals;
 - `split`: the high-water-mark fast path: rows later than the table's newest reading are appended, the rest go
   through the same insert-only MERGE, narrowed to their own dates and buckets;
 - `append`: a plain append of every row, no dedup against the table: the floor of the write alone.
@@ -51,13 +50,12 @@ def _split_write(tables: LakeTables, rows: DataFrame, mark_ms: int | None) -> in
     if mark is None:
         return 0
     late = rows.where(F.col("event_time") <= mark)
-    bucket = F.floor(F.unix_millis("event_time") / batch.SECOND_MS)
+    bucket = F.floor(F.unix_millis("event_time") / batch.TIME_BUCKET_MS)
     counts = late.groupBy(bucket.alias("b")).count().collect()
     if counts:
         buckets = [int(r["b"]) for r in counts]
-        dates = sorted({batch.date_of(b * batch.SECOND_MS) for b in buckets})
-        ranges = batch.time_ranges(buckets, batch.SECOND_MS, batch.MAX_LATE_RANGES)
-        tables.merge_readings(late, dates, ranges, None, False)
+        dates = sorted({batch.date_of(b * batch.TIME_BUCKET_MS) for b in buckets})
+        tables.merge_readings(late, dates, batch.time_ranges(buckets), None, False)
     return sum(int(r["count"]) for r in counts)
 
 
@@ -95,8 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             order = PATHS[batch_id % 3 :] + PATHS[: batch_id % 3]
             for path in order:
                 began = time.monotonic()
-                if path == "merge" and stats.readings_plan is not None:
-                    tables[path].insert_readings(rows, stats.readings_plan, lambda name: None, False)
+                if path == "merge":
+                    tables[path].merge_readings(rows, stats.dates, batch.time_ranges(stats.buckets), None, False)
                 elif path == "split":
                     late_rows.append(_split_write(tables[path], rows, mark[0]))
                 else:

@@ -106,13 +106,12 @@ class Commit:
     metrics: dict[str, str]
     txn_versions: tuple[int, ...]
     written_ms: int | None = None  # when the commit file appeared in the object store (its LastModified)
-    txn_apps: tuple[str, ...] = ()  # the app id of each of txn_versions
 
 
 def parse_commit(version: int, text: str) -> Commit:
     """A _delta_log/<version>.json file (one JSON action per line)."""
     info: dict[str, Any] = {}
-    txns: list[tuple[str, int]] = []
+    txns: list[int] = []
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -120,14 +119,13 @@ def parse_commit(version: int, text: str) -> Commit:
         if "commitInfo" in action:
             info = action["commitInfo"]
         elif "txn" in action:
-            txns.append((str(action["txn"]["appId"]), int(action["txn"]["version"])))
+            txns.append(int(action["txn"]["version"]))
     return Commit(
         version=version,
         timestamp_ms=int(info.get("timestamp", 0)),
         operation=str(info.get("operation", "")),
         metrics={k: str(v) for k, v in (info.get("operationMetrics") or {}).items()},
-        txn_versions=tuple(v for _, v in txns),
-        txn_apps=tuple(a for a, _ in txns),
+        txn_versions=tuple(txns),
     )
 
 
@@ -176,8 +174,7 @@ BREAKDOWN_KEYS = (
     "validate_count_quarantine_s",  # sequential writer: Kafka read, parse, validate, count, quarantine append
     "readings_rows_span_s",  # sequential writer: dedup rows and their dates / time span
     "before_readings_merge_s",  # otherwise: everything before the readings MERGE starts
-    "readings_merge_s",  # the on-time rows' MERGE
-    "readings_late_merge_s",  # the late rows' MERGE, and the time between the two
+    "readings_merge_s",
     "between_merges_s",
     "device_state_merge_s",
     "after_merges_s",  # cleanup, and waiting for a quarantine append that runs beside the MERGEs
@@ -189,9 +186,8 @@ def batch_breakdown(
     quarantine: Commit | None,
     readings: Commit | None,
     device_state: Commit | None,
-    readings_late: Commit | None = None,
 ) -> dict[str, float]:
-    """Where one foreachBatch call's wall time went, from its log line and its Delta commits.
+    """Where one foreachBatch call's wall time went, from its log line and its three Delta commits.
 
     MERGE times are Delta's executionTimeMs, each ending at its commit's timestamp (ms, same clock as the
     log). When the quarantine commit lands before the readings MERGE starts, the writer ran sequentially
@@ -214,10 +210,6 @@ def batch_breakdown(
         else:
             out["before_readings_merge_s"] = merge_start - start
         out["readings_merge_s"] = merge_s
-        cursor = committed
-    if readings_late is not None:
-        committed = readings_late.timestamp_ms / 1000
-        out["readings_late_merge_s"] = committed - cursor
         cursor = committed
     if device_state is not None:
         merge_s = float(device_state.metrics.get("executionTimeMs", 0)) / 1000

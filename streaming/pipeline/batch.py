@@ -30,12 +30,8 @@ READING_KEY = ("event_id", "event_time")
 # A device's newest reading: by event_time, then seq, then event_id, within a batch and across batches alike.
 DEVICE_ORDER = ("event_time", "seq", "event_id")
 DAY_MS = 86_400_000
-SECOND_MS = 1000  # the event-time buckets of a batch's statistics; divides a day, so never spans two dates
-# A kept row more than this behind the batch's newest event is late: it goes to the readings in a MERGE and in
-# files of its own, so the on-time files stay narrow in event time and a MERGE's ranges can skip them.
-LATE_AFTER_MS = 60_000
-MAX_TIME_RANGES = 16  # of the on-time rows: they are seconds apart, and mostly contiguous
-MAX_LATE_RANGES = 256  # of the late rows: spread over hours, one range per second where they can
+TIME_BUCKET_MS = 10 * 60 * 1000  # divides a day: a bucket never spans two event dates
+MAX_TIME_RANGES = 16
 ROW_NUMBER = "#row"  # a helper column no message field can name (EVOLVABLE_NAME has no '#')
 BATCH_CLOCK = "#now_ms"  # the batch's clock (epoch ms), a helper column as ROW_NUMBER
 BATCH_ID = "#batch_id"  # the batch's id, another
@@ -201,7 +197,8 @@ class BatchStats:
     by_action: dict[str, int]
     quarantined_by_rule: dict[str, int]
     failed: dict[str, int]  # an example reason -> messages, per group of rules that includes a `fail` one
-    seconds: dict[int, int]  # kept rows per second of event time (epoch ms // SECOND_MS)
+    dates: tuple[date, ...]  # event dates of the kept rows: the MERGE's literal partitions
+    buckets: tuple[int, ...]  # event-time buckets (epoch ms // TIME_BUCKET_MS) of the kept rows
     newest_event_ms: int | None  # the newest event time among the kept rows
 
     @property
@@ -212,75 +209,13 @@ class BatchStats:
     def kept(self) -> int:
         return sum(self.by_action.get(a, 0) for a in KEEP)
 
-    @property
-    def dates(self) -> tuple[date, ...]:
-        """The kept rows' UTC event dates."""
-        return _dates(self.seconds)
-
-    @property
-    def readings_plan(self) -> ReadingsPlan | None:
-        """The batch's readings MERGEs (None: no row kept)."""
-        return None if self.newest_event_ms is None else readings_plan(self.seconds, self.newest_event_ms)
-
-
-@dataclass(frozen=True)
-class TimeSlice:
-    """The literals of one readings MERGE, from its source rows: their UTC dates and event-time ranges."""
-
-    dates: tuple[date, ...]
-    ranges: tuple[tuple[int, int], ...]  # [first ms, last ms]
-    rows: int  # kept rows, before the in-batch dedup
-
-
-@dataclass(frozen=True)
-class ReadingsPlan:
-    """A batch's readings split at `cut_ms`: rows at or after it are on time, rows before it late.
-
-    The two go to the table in two MERGEs, so the files each writes hold one kind. The on-time files then span
-    seconds of event time, and the next batches' ranges skip all but the newest of them; the late rows' near-exact
-    ranges skip all but the few on-time files they fall in. With one MERGE, every file held late rows from hours
-    back, so every batch's ranges overlapped every file of its dates and the MERGE read them all.
-    """
-
-    cut_ms: int
-    on_time: TimeSlice
-    late: TimeSlice
-
-
-def readings_plan(seconds: dict[int, int], newest_ms: int, late_after_ms: int = LATE_AFTER_MS) -> ReadingsPlan:
-    """Split a batch's kept rows (per second of event time) at a whole second `late_after_ms` before its newest.
-
-    The cut follows the batch's own newest event, not the clock, so a backlog read hours later splits the same
-    way as the live stream did; a replayed batch, with the same rows, splits the same way again.
-    """
-    cut_ms = newest_ms // SECOND_MS * SECOND_MS - late_after_ms
-    cut = cut_ms // SECOND_MS
-    on_time = {s: n for s, n in seconds.items() if s >= cut}
-    late = {s: n for s, n in seconds.items() if s < cut}
-    return ReadingsPlan(cut_ms, _time_slice(on_time, MAX_TIME_RANGES), _time_slice(late, MAX_LATE_RANGES))
-
-
-def _time_slice(seconds: dict[int, int], cap: int) -> TimeSlice:
-    ranges = time_ranges(seconds, SECOND_MS, cap)
-    return TimeSlice(_dates(seconds), tuple(ranges), sum(seconds.values()))
-
-
-def _dates(seconds: Iterable[int]) -> tuple[date, ...]:
-    return tuple(sorted({date_of(s * SECOND_MS) for s in seconds}))
-
-
-def split_late(rows: DataFrame, cut_ms: int) -> tuple[DataFrame, DataFrame]:
-    """(on-time rows, late rows) of a batch's readings: event_time at or after the cut, and before it."""
-    on_time = F.col("event_time") >= F.timestamp_millis(F.lit(cut_ms))
-    return rows.where(on_time), rows.where(~on_time)
-
 
 def batch_stats(validated: DataFrame) -> DataFrame:
-    """Rows per (action, rules failed, second of event time of kept rows), with an example reason and the newest time.
+    """Rows per (action, rules failed, event-time bucket of kept rows), with an example reason and the newest time.
 
-    Only counts and a max: a hash aggregate, one row per second the batch's kept rows span (a few hundred late ones
-    included). Grouped by rule names, not reason codes, because codes like `unexpected_field:<key>` carry names
-    from the messages: a producer could make them unbounded. Dates follow from the seconds.
+    Only counts and a max: a hash aggregate, a handful of rows. Grouped by rule names, not reason codes, because
+    codes like `unexpected_field:<key>` carry names from the messages: a producer could make them unbounded.
+    Dates follow from the buckets.
     """
     kept = F.col("action").isin(*KEEP)
     event_ms = F.col("typed.event_time")
@@ -292,7 +227,7 @@ def batch_stats(validated: DataFrame) -> DataFrame:
         "action",
         "reasons",
         rules.alias("rules"),
-        F.when(kept, F.floor(event_ms / SECOND_MS)).alias("bucket"),
+        F.when(kept, F.floor(event_ms / TIME_BUCKET_MS)).alias("bucket"),
         F.when(kept, event_ms).alias("kept_ms"),
     )
     return grouped.groupBy("action", "rules", "bucket").agg(
@@ -308,11 +243,11 @@ def new_field_names(validated: DataFrame) -> list[str]:
 
 
 def summarize(rows: list[Row], rules: Rules) -> BatchStats:
-    """Fold batch_stats rows into counts by action and rule, plus the kept rows per second of event time."""
+    """Fold batch_stats rows into counts by action and rule, plus the kept rows' dates and buckets."""
     by_action: dict[str, int] = {}
     by_rule: dict[str, int] = {}
     failed: dict[str, int] = {}
-    seconds: dict[int, int] = {}
+    buckets: set[int] = set()
     newest: int | None = None
     for row in rows:
         action, count = row["action"], row["rows"]
@@ -326,11 +261,11 @@ def summarize(rows: list[Row], rules: Rules) -> BatchStats:
                     failed[reason] = failed.get(reason, 0) + count
                     break
         if row["bucket"] is not None:
-            second = int(row["bucket"])
-            seconds[second] = seconds.get(second, 0) + count
+            buckets.add(int(row["bucket"]))
         if row["newest"] is not None:
-            newest = int(row["newest"]) if newest is None else max(newest, int(row["newest"]))
-    return BatchStats(by_action, by_rule, failed, seconds, newest)
+            newest = max(newest or 0, int(row["newest"]))
+    dates = sorted({date_of(b * TIME_BUCKET_MS) for b in buckets})
+    return BatchStats(by_action, by_rule, failed, tuple(dates), tuple(sorted(buckets)), newest)
 
 
 def date_of(epoch_ms: int) -> date:
@@ -338,23 +273,27 @@ def date_of(epoch_ms: int) -> date:
     return EPOCH + timedelta(days=epoch_ms // DAY_MS)
 
 
-def time_ranges(buckets: Iterable[int], width_ms: int, cap: int) -> list[tuple[int, int]]:
+def time_ranges(buckets: Iterable[int], width_ms: int = TIME_BUCKET_MS) -> list[tuple[int, int]]:
     """Contiguous event-time ranges [first ms, last ms] covering the given bucket numbers (epoch ms // width_ms).
 
-    Late events make a batch's [min, max] span hours; narrow ranges keep file skipping effective. At most `cap`
-    ranges: the smallest gaps are closed first. Epoch milliseconds, not datetimes: a naive datetime literal would
-    be read in the Python process's local timezone.
+    Late events make a batch's [min, max] span hours; a few narrow ranges keep file skipping effective.
+    At most MAX_TIME_RANGES ranges: the smallest gaps are closed first. Epoch milliseconds, not datetimes:
+    a naive datetime literal would be read in the Python process's local timezone.
     """
     ordered = sorted(set(buckets))
     if not ordered:
         return []
-    # The gaps between runs of consecutive buckets; closing one leaves the others as they are, so closing the
-    # smallest first, one at a time, keeps the cap - 1 largest (the later of equal ones).
-    gaps = [i for i in range(1, len(ordered)) if ordered[i] != ordered[i - 1] + 1]
-    kept = sorted(sorted(gaps, key=lambda i: (ordered[i] - ordered[i - 1], i))[max(len(gaps) - cap + 1, 0) :])
-    starts = [0, *kept]
-    ends = [i - 1 for i in kept] + [len(ordered) - 1]
-    return [(ordered[lo] * width_ms, (ordered[hi] + 1) * width_ms - 1) for lo, hi in zip(starts, ends, strict=True)]
+    spans: list[list[int]] = [[ordered[0], ordered[0]]]
+    for b in ordered[1:]:
+        if b == spans[-1][1] + 1:
+            spans[-1][1] = b
+        else:
+            spans.append([b, b])
+    while len(spans) > MAX_TIME_RANGES:
+        gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
+        i = gaps.index(min(gaps))
+        spans[i : i + 2] = [[spans[i][0], spans[i + 1][1]]]
+    return [(lo * width_ms, (hi + 1) * width_ms - 1) for lo, hi in spans]
 
 
 def infer_new_columns(validated: DataFrame, names: list[str]) -> tuple[list[SchemaColumn], list[str]]:

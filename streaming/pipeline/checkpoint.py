@@ -37,11 +37,10 @@ LEASE_FILE = "iotlake/lease"
 
 @dataclass(frozen=True)
 class CheckpointState:
-    """What Spark's checkpoint says: the query id, the newest planned batch (offsets/) and committed one (commits/)."""
+    """What Spark's checkpoint says: the query id and the newest planned batch (offsets/)."""
 
     query_id: str | None
     planned: int | None
-    committed: int | None = None
 
 
 def newest_batch(names: list[str]) -> int | None:
@@ -61,7 +60,7 @@ def read_state(files: HadoopFiles) -> CheckpointState:
                 f"The checkpoint's metadata file at {files.directory}/metadata is unreadable ({e}). Restore the "
                 "checkpoint from a copy, or point ingest.checkpoint_location at a new folder."
             ) from e
-    return CheckpointState(query_id, newest_batch(files.names("offsets")), newest_batch(files.names("commits")))
+    return CheckpointState(query_id, newest_batch(files.names("offsets")))
 
 
 def tables_ahead(state: CheckpointState, versions: Mapping[str, int | None]) -> dict[str, int]:

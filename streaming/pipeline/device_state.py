@@ -155,33 +155,25 @@ def catch_up(
     app_id: str,
     readings_version: int | None,
     device_state_version: int | None,
-    committed: int | None,
 ) -> int | None:
-    """Upsert device_state from the readings of the batches after its transaction version, up to readings' and no
-    further than `committed`, the checkpoint's last committed batch.
+    """Upsert device_state from the readings of the batches after its transaction version, up to readings'.
 
-    A batch after `committed` runs again, and its writes upsert device_state. Its readings may also be incomplete:
-    a kill between its on-time and late MERGEs leaves the late rows out. Caught up to, it would get device_state's
-    transaction id, and its replay's upsert would be skipped. The versions are this query's
-    (streaming.pipeline.checkpoint.txn_versions). Returns the batch caught up to, or None when device_state was not
-    behind.
+    The versions are this query's (streaming.pipeline.checkpoint.txn_versions). Returns the batch caught up to,
+    or None when device_state was not behind.
     """
-    if readings_version is None or committed is None:
-        return None
-    last = min(readings_version, committed)
-    if device_state_version is not None and device_state_version >= last:
+    if readings_version is None or (device_state_version is not None and device_state_version >= readings_version):
         return None
     batch_id = F.col("ingest_batch_id")
-    window = batch_id <= last
+    window = batch_id <= readings_version
     if device_state_version is not None:
         window = window & (batch_id > device_state_version)
     rows = spark.read.format("delta").load(tables.readings_uri).where(window)
     began = time.monotonic()
-    upsert(batch.latest_per_device(rows), Txn(app_id, last))
+    upsert(batch.latest_per_device(rows), Txn(app_id, readings_version))
     log.info(
         "device_state caught up with readings: batches %s to %d, %.1f s",
         "0" if device_state_version is None else device_state_version + 1,
-        last,
+        readings_version,
         time.monotonic() - began,
     )
-    return last
+    return readings_version

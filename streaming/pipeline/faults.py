@@ -2,8 +2,7 @@
 
 IOTLAKE_TEST_CRASH=<point>:<arg>     SIGKILL the driver at that point:
     after_batch:<batch id>           after the batch's three commits, before Spark commits its checkpoint
-    between_readings:<batch id>      after the batch's on-time readings commit, before its late readings MERGE
-    after_readings:<batch id>        after the batch's readings commits, before its device_state commit
+    after_readings:<batch id>        after the batch's readings commit, before its device_state commit
     after_create:<table name>        right after the job created that table (first start)
 IOTLAKE_TEST_CLOCK_SHIFT=<duration>  the job's clock runs this far ahead of the wall clock (e.g. '8 days')
 IOTLAKE_TEST_NO_TXN_IDS=1            write without Delta transaction ids (the exactly-once test's negative control)
@@ -24,7 +23,7 @@ from streaming.core.errors import ConfigError
 CRASH_ENV = "IOTLAKE_TEST_CRASH"
 CLOCK_SHIFT_ENV = "IOTLAKE_TEST_CLOCK_SHIFT"
 NO_TXN_IDS_ENV = "IOTLAKE_TEST_NO_TXN_IDS"
-CRASH_POINTS = ("after_batch", "between_readings", "after_readings", "after_create")
+CRASH_POINTS = ("after_batch", "after_readings", "after_create")
 
 
 @dataclass(frozen=True)

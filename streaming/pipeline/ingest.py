@@ -36,15 +36,7 @@ from streaming.pipeline.device_state import DeviceStateFolder, PurgeRepair, catc
 from streaming.pipeline.faults import Faults
 from streaming.pipeline.metrics import IngestMetrics
 from streaming.pipeline.rules import Rules
-from streaming.pipeline.tables import (
-    LATE_TXN,
-    LakeTables,
-    MergeResult,
-    ReadingsResult,
-    Txn,
-    retry_on_conflict,
-    txn_app_id,
-)
+from streaming.pipeline.tables import LakeTables, MergeResult, Txn, retry_on_conflict, txn_app_id
 from streaming.pipeline.warmup import QUERY_ID_PROPERTY, wants_warm_up, warm_up
 
 log = logging.getLogger("iotlake.ingest")
@@ -216,7 +208,7 @@ class BatchWriter:
         inserted = device_updates = 0
         readings = batch.readings(validated, self.rules).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            merged = self._merge_readings(readings, stats, txn, steps, info.batch_id) if stats.kept else None
+            merged = self._merge_readings(readings, stats, txn, steps) if stats.kept else None
             self.faults.crash_if("after_readings", info.batch_id)
             if stats.by_action.get("quarantine"):
                 side.start()
@@ -241,32 +233,21 @@ class BatchWriter:
         )
 
     def _merge_readings(
-        self,
-        rows: DataFrame,
-        stats: batch.BatchStats,
-        txn: Callable[[str], Txn | None],
-        steps: dict[str, float],
-        batch_id: int,
-    ) -> ReadingsResult:
-        plan = stats.readings_plan
-        assert plan is not None and stats.newest_event_ms is not None  # the batch kept rows
-        result = self.tables.insert_readings(
-            rows,
-            plan,
-            txn,
-            self._evolving,
-            retry=lambda write: self._retry(write, "readings"),
-            between=lambda: self.faults.crash_if("between_readings", batch_id),
+        self, rows: DataFrame, stats: batch.BatchStats, txn: Callable[[str], Txn | None], steps: dict[str, float]
+    ) -> MergeResult:
+        ranges = batch.time_ranges(stats.buckets)
+        began = time.monotonic()
+        merged = self._retry(
+            lambda: self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), self._evolving), "readings"
         )
-        parts = {"readings": plan.on_time, LATE_TXN: plan.late}
+        steps["readings_merge"] = time.monotonic() - began
         m = self.metrics
-        for name, (merged, seconds) in result.parts.items():
-            steps["readings_merge" if name == "readings" else "readings_late_merge"] = seconds
-            m.duplicates.inc(0 if merged.skipped else max(parts[name].rows - merged.inserted, 0))
-        m.merged.labels("readings", "inserted").inc(result.inserted)
-        self.newest_event = max(self.newest_event, stats.newest_event_ms / 1000)
-        m.set_newest_event(self.newest_event)
-        return result
+        m.merged.labels("readings", "inserted").inc(merged.inserted)
+        m.duplicates.inc(max(stats.kept - merged.inserted, 0) if not merged.skipped else 0)
+        if stats.newest_event_ms is not None:
+            self.newest_event = max(self.newest_event, stats.newest_event_ms / 1000)
+            m.set_newest_event(self.newest_event)
+        return merged
 
     def _merge_device_state(self, rows: DataFrame, txn: Callable[[str], Txn | None], steps: dict[str, float]) -> int:
         began = time.monotonic()
@@ -383,18 +364,17 @@ def claim_checkpoint(files: HadoopFiles, settings: Settings) -> None:
         )
 
 
-def guard_checkpoint(settings: Settings, files: HadoopFiles) -> tuple[str, int | None, dict[str, int | None]] | None:
+def guard_checkpoint(settings: Settings, files: HadoopFiles) -> tuple[str, dict[str, int | None]] | None:
     """Refuse a checkpoint older than the tables (streaming.pipeline.checkpoint), before anything is written.
 
-    Returns the query id, the newest batch the checkpoint committed, and each table's transaction version for the
-    query, or None for a new checkpoint.
+    Returns the query id and each table's transaction version for it, or None for a new checkpoint.
     """
     state = read_state(files)
     if state.query_id is None:
         return None  # a new checkpoint: a new query id, which no table has seen
     versions = txn_versions(settings, delta_storage_options(settings), state.query_id)
     check_not_older(state, versions, files.directory)
-    return state.query_id, state.committed, versions
+    return state.query_id, versions
 
 
 def start_query(
@@ -448,10 +428,9 @@ def run(
             )
         writer = BatchWriter(spark, settings, tables, metrics, faults, lock.check)
         if known is not None:  # folded device states a crash lost: from the readings they came from
-            query_id, committed, versions = known
+            query_id, versions = known
             app_id = txn_app_id(query_id, "device_state")
-            upsert = writer.upsert_device_state
-            catch_up(spark, tables, upsert, app_id, versions["readings"], versions["device_state"], committed)
+            catch_up(spark, tables, writer.upsert_device_state, app_id, versions["readings"], versions["device_state"])
         try:
             query = start_query(spark, settings, writer, available_now)
         except Exception as e:

@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date
 from functools import reduce
 from typing import TypeVar
@@ -21,7 +21,7 @@ from streaming.core.catalog import lake_tables
 from streaming.core.config import Settings, TableConfig
 from streaming.core.errors import is_conflict
 from streaming.core.hadoop_fs import HadoopFiles
-from streaming.pipeline.batch import DEVICE_ORDER, READING_KEY, ReadingsPlan, split_late
+from streaming.pipeline.batch import DEVICE_ORDER, READING_KEY
 from streaming.pipeline.schema import DEVICE_STATE_COLUMNS, QUARANTINE_COLUMNS, READINGS_COLUMNS
 from streaming.pipeline.schema import Column as SchemaColumn
 
@@ -31,15 +31,13 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-LATE_TXN = "readings_late"  # the transaction name of a batch's late readings (LakeTables.insert_readings)
 # A commit (00000000000000000000.json) or a checkpoint (…checkpoint.parquet, …checkpoint.<n>.<m>.parquet,
 # the v2 …checkpoint.<uuid>.json) in _delta_log.
 COMMIT_FILE = re.compile(r"^\d{20}\.(json|checkpoint\b.*)$")
 
 
 def txn_app_id(query_id: str, table: str) -> str:
-    """The Delta transaction app id of one table's writes by one streaming query (`table`: its key in the catalog,
-    or LATE_TXN for the late readings)."""
+    """The Delta transaction app id of one table's writes by one streaming query (`table`: its key in the catalog)."""
     return f"{query_id}-{table}"
 
 
@@ -56,17 +54,6 @@ class MergeResult:
     inserted: int = 0
     updated: int = 0
     skipped: bool = False  # nothing to write, or this transaction was already committed
-
-
-@dataclass
-class ReadingsResult:
-    """The readings MERGEs of one batch, by transaction name: each one's result and seconds."""
-
-    parts: dict[str, tuple[MergeResult, float]] = field(default_factory=dict)
-
-    @property
-    def inserted(self) -> int:
-        return sum(merged.inserted for merged, _ in self.parts.values())
 
 
 def retry_on_conflict(
@@ -95,8 +82,8 @@ def retry_on_conflict(
 def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[int, int]]) -> Column:
     """The reading's key (event_id, event_time), narrowed by literal partition dates and event-time ranges.
 
-    The literals let Delta prune partitions, and the ranges let it skip the files whose min/max statistics fall
-    outside them (see batch.ReadingsPlan). Built from typed values, never from message text.
+    The literals let Delta prune partitions, and the ranges let it skip files by min/max statistics, so
+    a batch never scans the whole table. Built from typed values, never from message text.
     """
     condition = reduce(operator.and_, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in (*READING_KEY, "event_date")])
     if dates:
@@ -221,32 +208,6 @@ class LakeTables:
             builder = builder.withSchemaEvolution()
         with self._transaction(txn):
             return _merge_result(builder.whenNotMatchedInsertAll().execute())
-
-    def insert_readings(
-        self,
-        rows: DataFrame,
-        plan: ReadingsPlan,
-        txn: Callable[[str], Txn | None],
-        evolve: bool,
-        retry: Callable[[Callable[[], MergeResult]], MergeResult] = lambda write: write(),
-        between: Callable[[], None] = lambda: None,
-    ) -> ReadingsResult:
-        """A batch's readings in two insert-only MERGEs: the on-time rows, then the late ones (batch.ReadingsPlan).
-
-        `txn` gives each its transaction id from a name: "readings" for the on-time rows, LATE_TXN for the late
-        ones, so a replay skips whichever of the two was committed. A part with no row is not run. `retry` runs
-        each MERGE (the job's retries on a conflict); `between` runs between the two (a test's crash point).
-        """
-        on_time, late = split_late(rows, plan.cut_ms)
-        result = ReadingsResult()
-        for name, source, part in (("readings", on_time, plan.on_time), (LATE_TXN, late, plan.late)):
-            if name == LATE_TXN:
-                between()
-            if part.rows:
-                began = time.monotonic()
-                merged = retry(lambda: self.merge_readings(source, part.dates, part.ranges, txn(name), evolve))  # noqa: B023
-                result.parts[name] = (merged, time.monotonic() - began)
-        return result
 
     def _device_state_merge(self, source: DataFrame, evolve: bool) -> DeltaMergeBuilder:
         """A MERGE of `source` into device_state on device_id, evolving the schema if asked."""

@@ -144,29 +144,7 @@ def test_parse_commit() -> None:
     )
     c = parse_commit(3, text)
     assert (c.version, c.timestamp_ms, c.operation, c.txn_versions) == (3, 1796040571344, "MERGE", (7,))
-    assert c.txn_apps == ("q-readings",)
     assert c.metrics["executionTimeMs"] == "19520"
-
-
-def test_a_batchs_two_readings_commits_are_told_apart_by_their_app_id() -> None:
-    from bench.lake import by_batch
-
-    on_time = Commit(3, 1000, "MERGE", {}, (7,), txn_apps=("q-readings",))
-    late = Commit(4, 2000, "MERGE", {}, (7,), txn_apps=("q-readings_late",))
-    assert by_batch([on_time, late], "readings") == {7: on_time}
-    assert by_batch([on_time, late], "readings_late") == {7: late}
-    assert by_batch([on_time, late]) == {7: late}  # any app: the newest commit of the batch
-
-
-def test_breakdown_with_a_late_readings_merge_adds_up() -> None:
-    end = datetime(2026, 11, 30, 12, 0, 20)
-    t0 = end.timestamp() - 20.0
-    late = _commit(t0 + 16, 1500)
-    parts = batch_breakdown(_line(end, 20.0), _commit(t0 + 8), _commit(t0 + 14, 4000), _commit(t0 + 19, 3000), late)
-    assert parts["readings_merge_s"] == 4.0
-    assert parts["readings_late_merge_s"] == 2.0  # from the on-time commit to the late one
-    assert parts["between_merges_s"] == 0.0
-    assert sum(v for k, v in parts.items() if k != "foreach_batch_s") == pytest.approx(20.0)
 
 
 def _commit(at_s: float, exec_ms: int = 0) -> Commit:
@@ -570,7 +548,3 @@ def test_the_readings_merge_growth_is_fitted_on_the_rows_the_table_held_before_e
     assert merge_growth(parts[:7], skip=3) is None  # 4 batches after the warm-up: too few to fit
     without_merge = [{**p, "readings_merge_s": None} for p in parts]  # batches that kept no reading
     assert merge_growth(without_merge) is None
-    # The late rows' MERGE counts too: half of each batch's time there fits the same plane.
-    halves = [{**p, "readings_merge_s": p["readings_merge_s"] / 2, "readings_late_merge_s": p["readings_merge_s"] / 2}
-              for p in parts]  # fmt: skip
-    assert merge_growth(halves, skip=3) == growth

@@ -14,6 +14,7 @@ from pyspark.storagelevel import StorageLevel
 from streaming.core.config import Settings
 from streaming.lake.ops import TableOps
 from streaming.pipeline import batch
+from streaming.pipeline.batch import time_ranges
 from streaming.pipeline.device_state import DeviceStateFolder, PurgeRepair, catch_up
 from streaming.pipeline.rules import Rules
 from streaming.pipeline.tables import LakeTables, Txn
@@ -44,14 +45,12 @@ def batch_rows(spark: SparkSession, rules: Rules, batch_id: int, events: list[di
 
 
 def merge_readings(tables: LakeTables, spark: SparkSession, batch_id: int, events: list[dict]) -> None:
-    """One batch's readings MERGEs, under their transaction ids."""
+    """One batch's readings MERGE, under its transaction id."""
     rules = Rules.from_settings(tables.settings)
     validated, rows = validated_batch(spark, rules, batch_id, events)
     try:
         stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
-        plan = stats.readings_plan
-        assert plan is not None
-        tables.insert_readings(rows, plan, lambda name: Txn(f"q-{name}", batch_id), evolve=False)
+        tables.merge_readings(rows, stats.dates, time_ranges(stats.buckets), Txn("q-readings", batch_id), evolve=False)
     finally:
         rows.unpersist()
 
@@ -131,57 +130,17 @@ def test_catch_up_upserts_the_readings_of_the_batches_device_state_lacks(
         merge_readings(tables, spark, batch_id, [event(event_id=f"e{batch_id}", device_id=f"dev-{batch_id}")])
     upsert = upserter(tables)
 
-    assert catch_up(spark, tables, upsert, APP, readings_version=2, device_state_version=0, committed=2) == 2
+    assert catch_up(spark, tables, upsert, APP, readings_version=2, device_state_version=0) == 2
     assert [r["device_id"] for r in device_state(spark, tables)] == ["dev-1", "dev-2"], "batches 1 and 2 only"
     assert txn_versions(spark, tables) == [2]
 
     commits = DeltaTable.forPath(spark, tables.device_state_uri).history().count()
-    assert catch_up(spark, tables, upsert, APP, readings_version=2, device_state_version=2, committed=2) is None
-    assert catch_up(spark, tables, upsert, APP, readings_version=None, device_state_version=None, committed=2) is None
+    assert catch_up(spark, tables, upsert, APP, readings_version=2, device_state_version=2) is None
+    assert catch_up(spark, tables, upsert, APP, readings_version=None, device_state_version=None) is None
     assert DeltaTable.forPath(spark, tables.device_state_uri).history().count() == commits, "nothing to catch up"
 
-    assert (
-        catch_up(spark, tables, upsert, "another-query", readings_version=2, device_state_version=None, committed=3)
-        == 2
-    )
+    assert catch_up(spark, tables, upsert, "another-query", readings_version=2, device_state_version=None) == 2
     assert [r["device_id"] for r in device_state(spark, tables)] == ["dev-0", "dev-1", "dev-2"]
-
-
-@pytest.mark.parametrize("bound", ["committed", "readings"])
-def test_catch_up_leaves_a_batch_the_checkpoint_has_not_committed_to_its_replay(
-    spark: SparkSession, local_settings: Settings, tmp_path: Path, bound: str
-) -> None:
-    """A kill between a batch's two readings MERGEs leaves its late rows out of readings. The catch-up must stop at
-    the checkpoint's last committed batch: if it went up to readings' version, device_state would hold that batch's
-    transaction id, and the replay's upsert of the whole batch would be skipped as committed.
-    `bound="readings"` is the negative control: the catch-up up to readings' version loses dev-1's reading."""
-    tables = lake(spark, local_settings, tmp_path)
-    rules = Rules.from_settings(tables.settings)
-    merge_readings(tables, spark, 0, [event(event_id="a0", device_id="dev-0", seq=1)])
-    # Batch 1: dev-1's only reading is late. The kill comes after its on-time MERGE, before its late one.
-    cut = [
-        event(event_id="a1", device_id="dev-0", seq=2, event_time=NOW_MS),
-        event(event_id="b0", device_id="dev-1", seq=1, event_time=NOW_MS - HOUR_MS),
-    ]
-    validated, rows = validated_batch(spark, rules, 1, cut)
-    stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
-    plan = stats.readings_plan
-    assert plan is not None and plan.late.rows == 1
-    on_time, _ = batch.split_late(rows, plan.cut_ms)
-    tables.merge_readings(on_time, plan.on_time.dates, plan.on_time.ranges, Txn("q-readings", 1), evolve=False)
-    upsert = upserter(tables)
-
-    # The checkpoint's commits/ ends at batch 0: batch 1 was planned and cut short. The negative control passes
-    # readings' version instead, as the catch-up did before readings had two MERGEs a batch.
-    committed = 0 if bound == "committed" else 1
-    caught = catch_up(spark, tables, upsert, APP, readings_version=1, device_state_version=None, committed=committed)
-    assert caught == committed
-    # The replay of batch 1: its on-time MERGE is skipped, its late one runs, then device_state as batch 1.
-    tables.insert_readings(rows, plan, lambda name: Txn(f"q-{name}", 1), evolve=False)
-    upsert(batch.latest_per_device(rows), Txn(APP, 1))
-    rows.unpersist()
-    state = {r["device_id"]: r["event_id"] for r in device_state(spark, tables)}
-    assert state == ({"dev-0": "a1", "dev-1": "b0"} if bound == "committed" else {"dev-0": "a1"})
 
 
 def test_a_device_purged_beside_the_stream_does_not_come_back_from_folded_rows(

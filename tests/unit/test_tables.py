@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
 from streaming.core.config import Settings
 from streaming.core.errors import CheckpointError
 from streaming.core.hadoop_fs import HadoopFiles
 from streaming.pipeline import batch
-from streaming.pipeline.batch import LATE_AFTER_MS, MAX_TIME_RANGES, time_ranges
+from streaming.pipeline.batch import MAX_TIME_RANGES, time_ranges
 from streaming.pipeline.batch_clock import CLOCK_DIR, PRUNE_EVERY, RETAINED, BatchClocks
 from streaming.pipeline.ingest import BatchWriter
 from streaming.pipeline.metrics import IngestMetrics
@@ -38,7 +37,7 @@ def tables(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> Lak
 
 def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dict], txn: bool = True) -> None:
     """One batch the way the job writes it: the validated batch and its readings cached, the stats giving the
-    MERGEs' literal dates and event-time ranges. Uncached, each MERGE plans and runs the validation again."""
+    MERGE's literal dates and event-time ranges. Uncached, each MERGE plans and runs the validation again."""
     rules = Rules.from_settings(lake.settings)
     info = batch.BatchInfo(batch_id, NOW)
     raw = kafka_rows(spark, [encode(e) for e in events])
@@ -46,9 +45,8 @@ def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dic
     rows = batch.readings(validated, rules).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
-        plan = stats.readings_plan
-        assert plan is not None
-        lake.insert_readings(rows, plan, lambda name: Txn(f"q-{name}", batch_id) if txn else None, evolve=False)
+        ranges = time_ranges(stats.buckets)
+        lake.merge_readings(rows, stats.dates, ranges, Txn("q-readings", batch_id) if txn else None, evolve=False)
         lake.upsert_device_state(
             batch.latest_per_device(rows), Txn("q-device_state", batch_id) if txn else None, evolve=False
         )
@@ -162,98 +160,13 @@ def test_merge_condition_carries_literal_partitions_and_time_ranges(spark: Spark
 def test_time_ranges_join_contiguous_buckets_and_cap_their_number() -> None:
     width = 600_000
     base = 2_900_000  # bucket numbers: epoch ms // width
-    ranges = time_ranges([base, base + 1, base + 2, base + 30, base + 2], width, MAX_TIME_RANGES)
+    ranges = time_ranges([base, base + 1, base + 2, base + 30, base + 2], width)
     assert ranges == [(base * width, (base + 3) * width - 1), ((base + 30) * width, (base + 31) * width - 1)]
-    many = time_ranges(range(base, base + 200, 2), width, MAX_TIME_RANGES)  # 100 isolated buckets
+    many = time_ranges(range(base, base + 200, 2), width)  # 100 isolated buckets
     assert len(many) == MAX_TIME_RANGES
     assert many[0][0] == base * width
     assert many[-1][1] == (base + 199) * width - 1
-    assert time_ranges([], width, MAX_TIME_RANGES) == []
-
-
-def test_time_ranges_close_the_smallest_gaps_first() -> None:
-    """Gaps of 9, 2, 5 and 2 buckets: two ranges keep the largest gap; three keep the two largest."""
-    buckets = [0, 10, 13, 19, 22]
-    assert time_ranges(buckets, 1, 2) == [(0, 0), (10, 22)]
-    assert time_ranges(buckets, 1, 3) == [(0, 0), (10, 13), (19, 22)]
-    assert time_ranges(buckets, 1, 1) == [(0, 22)]
-    assert time_ranges(buckets, 1, 9) == [(0, 0), (10, 10), (13, 13), (19, 19), (22, 22)]
-
-
-def file_kinds(spark: SparkSession, uri: str, cut_ms: int) -> list[tuple[int, int]]:
-    """(rows before cut_ms, rows at or after it) of each data file of the table's current snapshot."""
-    rows = (
-        spark.read.format("delta")
-        .load(uri)
-        .groupBy(F.col("_metadata.file_path"))
-        .agg(
-            F.sum((F.unix_millis("event_time") < cut_ms).cast("int")).alias("late"),
-            F.sum((F.unix_millis("event_time") >= cut_ms).cast("int")).alias("on_time"),
-        )
-        .collect()
-    )
-    return sorted((int(r.late), int(r.on_time)) for r in rows)
-
-
-def test_late_readings_are_written_to_files_of_their_own(spark: SparkSession, tables: LakeTables) -> None:
-    """The on-time files stay narrow in event time, so a later batch's ranges skip all but the newest of them.
-
-    With one MERGE per batch, the batch's late rows (here one and two hours back, the same UTC date) shared the
-    on-time rows' file, and every file then overlapped every later batch's ranges.
-    """
-    on_time = [event(event_id=f"n{i}", seq=i + 1, event_time=NOW_MS - 1000 * i) for i in range(5)]
-    late = [event(event_id=f"l{h}", seq=10 + h, event_time=NOW_MS - h * 3_600_000) for h in (1, 2)]
-    write(tables, spark, 0, on_time + late)
-    write(tables, spark, 1, [event(event_id="n9", seq=9, event_time=NOW_MS + 500), late[0]])
-    cut_ms = NOW_MS - LATE_AFTER_MS
-    assert file_kinds(spark, tables.readings_uri, cut_ms) == [(0, 1), (0, 5), (2, 0)]
-    history = DeltaTable.forPath(spark, tables.readings_uri).history().select("version", "operation").collect()
-    assert sorted(r.operation for r in history) == ["CREATE TABLE", "MERGE", "MERGE", "MERGE", "MERGE"]
-
-
-def test_a_duplicate_on_either_side_of_the_late_cut_is_stored_once(spark: SparkSession, tables: LakeTables) -> None:
-    """An event is on time in one batch and late in the next (and the other way round): its copies meet in
-    different MERGEs, whose ranges must still hold its exact millisecond, at either edge of the cut."""
-    cut_ms = NOW_MS - LATE_AFTER_MS  # NOW_MS is a whole second: the cut of a batch whose newest event is NOW_MS
-    edge = [event(event_id="at-cut", seq=1, event_time=cut_ms), event(event_id="before", seq=2, event_time=cut_ms - 1)]
-    newest = event(event_id="newest", seq=3, event_time=NOW_MS)
-    write(tables, spark, 0, edge)  # alone: both on time (the newest is at-cut)
-    write(tables, spark, 1, [*edge, newest])  # at-cut on time, before late
-    write(tables, spark, 2, [*edge, event(event_id="newer", seq=4, event_time=NOW_MS + 30_000)])  # both late
-    write(tables, spark, 3, [edge[1]])  # alone again: on time
-    rows = spark.read.format("delta").load(tables.readings_uri).collect()
-    assert sorted(r.event_id for r in rows) == ["at-cut", "before", "newer", "newest"]
-
-
-def test_the_readings_plan_splits_a_whole_second_behind_the_newest_event() -> None:
-    day = 86_400  # seconds
-    newest_ms = (20_000 * day + 10) * 1000 + 999  # 00:00:10.999 on day 20000
-    seconds = {20_000 * day + 10: 3, 20_000 * day + 9: 1, 20_000 * day - 50: 2, 20_000 * day - 3600: 1}
-    plan = batch.readings_plan(seconds, newest_ms, late_after_ms=30_000)
-    assert plan.cut_ms == (20_000 * day + 10) * 1000 - 30_000
-    assert plan.on_time == batch.TimeSlice(
-        (batch.date_of(20_000 * day * 1000),), (((20_000 * day + 9) * 1000, (20_000 * day + 11) * 1000 - 1),), 4
-    )
-    # The late rows are the day before: their own date, one range per second.
-    assert plan.late.dates == (batch.date_of((20_000 * day - 1) * 1000),)
-    assert plan.late.ranges == (
-        ((20_000 * day - 3600) * 1000, (20_000 * day - 3599) * 1000 - 1),
-        ((20_000 * day - 50) * 1000, (20_000 * day - 49) * 1000 - 1),
-    )
-    assert plan.late.rows == 3
-    alone = batch.readings_plan({20_000 * day: 1}, 20_000 * day * 1000)
-    assert (alone.on_time.rows, alone.late) == (1, batch.TimeSlice((), (), 0))
-
-
-def test_a_late_slice_keeps_one_range_per_second_up_to_its_cap() -> None:
-    start = 1_800_000_000
-    late = {start + 7 * i: 1 for i in range(batch.MAX_LATE_RANGES + 10)}
-    newest_ms = (start + 10 * 7 * batch.MAX_LATE_RANGES) * 1000
-    plan = batch.readings_plan({**late, newest_ms // 1000: 1}, newest_ms)
-    assert len(plan.late.ranges) == batch.MAX_LATE_RANGES
-    assert plan.late.rows == batch.MAX_LATE_RANGES + 10
-    # Every late second is inside a range.
-    assert all(any(lo <= s * 1000 and (s + 1) * 1000 - 1 <= hi for lo, hi in plan.late.ranges) for s in late)
+    assert time_ranges([]) == []
 
 
 def test_merge_condition_never_splices_message_text(spark: SparkSession, tables: LakeTables) -> None:
