@@ -1,12 +1,12 @@
 """MERGE batch time against table size: the job's literal-date MERGE and the seed-style one, at 1M and 10M rows.
 
-The readings table is created by LakeTables.ensure() on MinIO (s3a) and filled with synthetic rows in its
-schema: one row per `step_ms` of event time going back from a head a few minutes before now, written in
-contiguous time slices of `rows_per_file` rows (one file per slice and date, like the job's batches). Like the
-job's files, each slice holds `late_fraction` late rows, 5 minutes to 6 hours older than the slice, so its
-event_time range spans hours. Growing from 1M to 10M adds the 9M older rows: spread over the previous days in
-the `merge` section (the dedup horizon: the date literals prune them), within the open partition at 5,000 rows/s
-in `merge_open` (10M rows are 33 minutes of a stream at the demo rate: what a batch meets during the day).
+The readings table is created by LakeTables.ensure() on MinIO (s3a) and filled with synthetic rows in its schema:
+one row per `step_ms` of event time going back from a head 50 s before now (the batch's new events fill the gap),
+written in contiguous time slices of `rows_per_file` rows (one file per slice and date, like the job's batches).
+Like the job's files, each slice holds `late_fraction` late rows, 5 minutes to 6 hours older than the slice, so its
+event_time range spans hours. Growing from 1M to 10M adds the 9M older rows: spread over the previous days in the
+`merge` section (the dedup horizon: the date literals prune them), within the open partition at 5,000 rows/s in
+`merge_open` (10M rows are 33 minutes of a stream at the demo rate: what a batch meets during the day).
 
 Each timed MERGE gets a fresh, materialized batch (new event ids), in `make run`'s fault mix: new events
 after the table's newest row, as dense as the batch would be at 5,000 events/s (250,000 rows: 50 s); 2% exact
