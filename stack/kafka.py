@@ -412,7 +412,12 @@ def ensure_topic(
     config: Mapping[str, str] | None = None,
 ) -> int:
     """Create the topic (default: settings.kafka.topic with settings.kafka.partitions) unless it exists,
-    then wait until every partition has a leader. Returns the topic's partition count.
+    then wait until every partition has a leader in the metadata of every broker listed in bootstrap_servers.
+    Returns the topic's partition count.
+
+    KRaft answers CreateTopics once the controller has committed the topic; each broker applies it a moment
+    later. Until then, a request that reaches that broker (a producer's metadata, DescribeConfigs) gets
+    UNKNOWN_TOPIC_OR_PART. A fresh client with one bootstrap address asks that broker first.
 
     `replication_factor` defaults to one replica per broker listed in kafka.bootstrap_servers (at most
     3). `min_insync_replicas` 1 lets producers with acks=all carry on while a single replica is left.
@@ -447,14 +452,18 @@ def ensure_topic(
             f"Creating Kafka topic {topic!r} on {bootstrap} got no answer within {timeout:.0f}s ({e}). "
             "Is the broker up? Start it with `python -m stack up` or fix kafka.bootstrap_servers."
         ) from e
+    brokers = [b.strip() for b in bootstrap.split(",") if b.strip()]
+    pending = brokers if len(brokers) > 1 else []
     while True:
         count = _leaders_ready(admin, topic)
-        if count:
+        pending = [b for b in pending if not _leaders_ready(admin_client(b), topic)]
+        if count and not pending:
             return count
         if time.monotonic() >= deadline:
+            where = f" in the metadata of {', '.join(pending)}" if count else ""
             raise StackError(
-                f"Kafka topic {topic!r} exists on {bootstrap} but not all its partitions have a leader after "
-                f"{timeout:.0f}s. Check the broker log (python -m stack status shows where)."
+                f"Kafka topic {topic!r} exists on {bootstrap} but not all its partitions have a leader{where} "
+                f"after {timeout:.0f}s. Check the broker log (python -m stack status shows where)."
             )
         time.sleep(0.1)
 
