@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge-sizes", help="table sizes, comma list (default 1000000,10000000)")
     p.add_argument("--merge-batch", type=int, help="rows per MERGE batch (default 250000)")
     p.add_argument("--merge-runs", type=int, help="timed runs per size and kind, median reported (default 3)")
+    p.add_argument(
+        "--merge-ids", choices=("sent", "random"), default="sent",
+        help="merge sections' event ids: the simulator's, in send order (default), or random (hashed)",
+    )  # fmt: skip
     return p
 
 
@@ -96,7 +100,9 @@ def params_from(args: argparse.Namespace) -> dict[str, Any]:
     )
     if args.merge_sizes:
         mer = replace(mer, sizes=tuple(int(x) for x in args.merge_sizes.split(",")))
-    mer = replace(mer, batch_rows=args.merge_batch or mer.batch_rows, runs=args.merge_runs or mer.runs)
+    mer = replace(
+        mer, batch_rows=args.merge_batch or mer.batch_rows, runs=args.merge_runs or mer.runs, ids=args.merge_ids
+    )
     high = replace(
         lat, name="latency_20k", rate=args.latency_high_rate or (2000 if args.quick else 20_000), floor=False
     )

@@ -11,9 +11,11 @@ event_time range spans hours. Growing from 1M to 10M adds the 9M older rows: spr
 Each timed MERGE gets a fresh, materialized batch (new event ids), in `make run`'s fault mix: new events
 after the table's newest row, as dense as the batch would be at 5,000 events/s (250,000 rows: 50 s); 2% exact
 copies of the table's newest DUPLICATE_HISTORY rows (the simulator re-sends one of its last 10,000 messages);
-1% late events, 5 minutes to 6 hours back. The literal MERGE gets the dates and event-time ranges computed
-exactly as streaming/pipeline/ingest.py computes them. Before each MERGE the table is restored (Delta RESTORE)
-to the version of the size under test, so every run sees the same table.
+1% late events, 5 minutes to 6 hours back. Event ids are the simulator's: one run's prefix and a counter in send
+order, so a late event carries a new id and an old time. `ids="random"` hashes them instead (random UUIDs).
+The literal MERGE gets the dates and event-time ranges computed exactly as streaming/pipeline/ingest.py computes
+them. Before each MERGE the table is restored (Delta RESTORE) to the version of the size under test, so every run
+sees the same table.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from streaming.core.session import build_session
 from streaming.pipeline.schema import READINGS_COLUMNS
 from streaming.pipeline.tables import LakeTables
 
+ID_PREFIX = event_id_prefix(1, 0)  # one simulator run sent every row
+HEAD_COUNTER = 1 << 40  # the counter of the table's newest row; older rows count down from it
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
 DAY_MS = 24 * HOUR_MS
@@ -60,6 +64,7 @@ class MergeParams:
     devices: int = 200
     batch_rate: float = 5000.0  # the batch's new events are as dense as a stream of this many events/s
     rate: float | None = None  # table rows as dense as a stream of this many events/s (None: over span_days)
+    ids: str = "sent"  # event ids: "sent" (the simulator's: a counter in send order) or "random" (hashed)
 
 
 class Synth:
@@ -74,18 +79,19 @@ class Synth:
         self.head_ms = now_ms - int(params.batch_rows / params.batch_rate * 1000)  # the batch's new events follow
         self.step_ms = 1000 / params.rate if params.rate else params.span_days * DAY_MS / max(params.sizes)
         self.schema = T.StructType([T.StructField(c.name, c.type, True) for c in READINGS_COLUMNS])
-        self.table_prefix = event_id_prefix(1, self.head_ms)
 
-    def _rows(self, ids: Any, prefix: str, time_ms: Any, batch_id: Any) -> Any:
-        """Rows from a DataFrame with an `id` column, given expressions for event time (ms) and batch id."""
+    def _rows(self, ids: Any, counter: Any, time_ms: Any, batch_id: Any) -> Any:
+        """Rows from a DataFrame with an `id` column, given expressions for the event id's counter (its place in
+        send order), event time (ms) and batch id."""
         from pyspark.sql import functions as F
 
         n = self.params.devices
         dev = (F.col("id") % n).cast("int")
-        seeded = F.xxhash64(F.lit(prefix), F.col("id"))
+        sent_id = F.concat(F.lit(ID_PREFIX), F.lpad(F.lower(F.hex(counter)), 12, "0"))
+        seeded = F.xxhash64(sent_id)
         unit = (F.abs(seeded % 1_000_000) / 1_000_000.0).cast("double")
         cols = {
-            "event_id": F.concat(F.lit(prefix), F.lpad(F.lower(F.hex(F.col("id"))), 12, "0")),
+            "event_id": sent_id if self.params.ids == "sent" else F.substring(F.sha2(sent_id, 256), 1, 32),
             "device_id": F.concat(F.lit("dev-"), F.lpad((dev + 1).cast("string"), 5, "0")),
             "parcel_id": F.concat(F.lit("parcel-"), F.lpad((dev % 20 + 1).cast("string"), 3, "0")),
             "seq": (F.lit(10**9) - F.col("id") / n).cast("long"),
@@ -125,7 +131,14 @@ class Synth:
 
         slices = max(1, -(-(end - start) // self.params.rows_per_file))
         ids = self.spark.range(start, end, numPartitions=slices)
-        return self._rows(ids, self.table_prefix, self._table_time_ms(), F.col("id") / self.params.rows_per_file)
+        return self._rows(ids, self._table_counter(), self._table_time_ms(), F.col("id") / self.params.rows_per_file)
+
+    @staticmethod
+    def _table_counter() -> Any:
+        """Table row `id`'s counter: the newest row was sent last."""
+        from pyspark.sql import functions as F
+
+        return F.lit(HEAD_COUNTER) - F.col("id")
 
     def batch(self, run: int) -> Any:
         """A fresh MERGE batch: new events since the table's head, duplicates of its newest rows, late ones."""
@@ -135,25 +148,26 @@ class Synth:
         n_dup = int(p.batch_rows * p.duplicate_fraction)
         n_late = int(p.batch_rows * p.late_fraction)
         n_new = p.batch_rows - n_dup - n_late
-        prefix = event_id_prefix(1000 + run, self.now_ms)
         window = self.now_ms - self.head_ms  # new events fall between the table's head and now
+        sent = F.lit(HEAD_COUNTER + 1 + run * p.batch_rows) + F.col("id")  # sent after the table's rows, in order
         new = self._rows(
             self.spark.range(0, n_new),
-            prefix,
+            sent,
             F.lit(self.now_ms) - F.col("id") * F.lit(window / max(n_new, 1)),
             F.lit(-1 - run),
         )
         late = self._rows(
             self.spark.range(n_new, n_new + n_late),
-            prefix,
+            sent,
             F.lit(self.now_ms - 5 * MINUTE_MS) - (F.col("id") - n_new) * F.lit(LATE_SPAN_MS / max(n_late, 1)),
             F.lit(-1 - run),
         )
-        # Exact copies of the table's newest DUPLICATE_HISTORY rows (same event_id, event_time, event_date).
+        # Exact copies of the table's newest DUPLICATE_HISTORY rows (same event_id, event_time, event_date); 7 is
+        # coprime with DUPLICATE_HISTORY, so a batch's copies are distinct.
         dup_ids = self.spark.range(0, n_dup).select(((F.col("id") * 7 + run) % DUPLICATE_HISTORY).alias("id"))
         dups = self._rows(
             dup_ids,
-            self.table_prefix,
+            self._table_counter(),
             self._table_time_ms(),
             F.col("id") / self.params.rows_per_file,
         )
