@@ -174,11 +174,13 @@ class Synth:
         return new.unionByName(late).unionByName(dups).repartition(4, "event_id")
 
 
-def job_span(rows: Any) -> tuple[list[Any], list[tuple[int, int]]]:
-    """The batch's literal dates and event-time ranges, as streaming/pipeline/ingest.py derives them for the MERGE.
+def job_span(rows: Any) -> tuple[list[Any], list[tuple[int, int]], tuple[str, str]]:
+    """The batch's literal dates, event-time ranges and event-id range, as streaming/pipeline/ingest.py derives
+    them for the MERGE.
 
-    The job takes the UTC dates and the TIME_BUCKET_MS buckets of the kept rows' event times, and turns the
-    buckets into ranges with time_ranges(); the same values come from the deduplicated rows here.
+    The job takes the UTC dates and the TIME_BUCKET_MS buckets of the kept rows' event times, turns the buckets into
+    ranges with time_ranges(), and takes their smallest and largest event_id; the same values come from the
+    deduplicated rows here.
     """
     from pyspark.sql import functions as F
 
@@ -187,9 +189,11 @@ def job_span(rows: Any) -> tuple[list[Any], list[tuple[int, int]]]:
     span = rows.agg(
         F.collect_set("event_date").alias("dates"),
         F.collect_set(F.floor(F.unix_millis("event_time") / TIME_BUCKET_MS)).alias("buckets"),
+        F.min("event_id").alias("first_id"),
+        F.max("event_id").alias("last_id"),
     ).first()
     assert span is not None
-    return list(span["dates"]), time_ranges(int(b) for b in span["buckets"])
+    return list(span["dates"]), time_ranges(int(b) for b in span["buckets"]), (span["first_id"], span["last_id"])
 
 
 def seed_merge(spark: Any, uri: str, source: Any) -> None:
@@ -324,11 +328,11 @@ def run_merge(stack: BenchStack, workdir: Path, params: MergeParams, echo: Any =
             rows = synth.batch(next(batches)).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 source_rows = rows.count()
-                dates, ranges = job_span(rows)
+                dates, ranges, ids = job_span(rows)
                 scans.since_last()
                 t0 = time.monotonic()
                 if kind == "literal":
-                    tables.merge_readings(rows, dates, ranges, None, False)
+                    tables.merge_readings(rows, dates, ranges, None, False, ids)
                 else:
                     seed_merge(spark, uri, rows)
                 seconds = time.monotonic() - t0

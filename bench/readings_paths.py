@@ -94,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in order:
                 began = time.monotonic()
                 if path == "merge":
-                    tables[path].merge_readings(rows, stats.dates, batch.time_ranges(stats.buckets), None, False)
+                    tables[path].merge_readings(
+                        rows, stats.dates, batch.time_ranges(stats.buckets), None, False, stats.id_range
+                    )
                 elif path == "split":
                     late_rows.append(_split_write(tables[path], rows, mark[0]))
                 else:

@@ -200,6 +200,7 @@ class BatchStats:
     dates: tuple[date, ...]  # event dates of the kept rows: the MERGE's literal partitions
     buckets: tuple[int, ...]  # event-time buckets (epoch ms // TIME_BUCKET_MS) of the kept rows
     newest_event_ms: int | None  # the newest event time among the kept rows
+    id_range: tuple[str, str] | None = None  # the kept rows' smallest and largest event_id
 
     @property
     def messages(self) -> int:
@@ -211,9 +212,10 @@ class BatchStats:
 
 
 def batch_stats(validated: DataFrame) -> DataFrame:
-    """Rows per (action, rules failed, event-time bucket of kept rows), with an example reason and the newest time.
+    """Rows per (action, rules failed, event-time bucket of kept rows), with an example reason, the newest time and
+    the kept rows' event-id range.
 
-    Only counts and a max: a hash aggregate, a handful of rows. Grouped by rule names, not reason codes, because
+    Only counts, mins and maxes: a handful of rows. Grouped by rule names, not reason codes, because
     codes like `unexpected_field:<key>` carry names from the messages: a producer could make them unbounded.
     Dates follow from the buckets.
     """
@@ -229,11 +231,14 @@ def batch_stats(validated: DataFrame) -> DataFrame:
         rules.alias("rules"),
         F.when(kept, F.floor(event_ms / TIME_BUCKET_MS)).alias("bucket"),
         F.when(kept, event_ms).alias("kept_ms"),
+        F.when(kept, F.col("typed.event_id")).alias("kept_id"),
     )
     return grouped.groupBy("action", "rules", "bucket").agg(
         F.count(F.lit(1)).alias("rows"),
         F.max("kept_ms").alias("newest"),
         F.min("reasons").alias("example"),
+        F.min("kept_id").alias("first_id"),
+        F.max("kept_id").alias("last_id"),
     )
 
 
@@ -243,12 +248,14 @@ def new_field_names(validated: DataFrame) -> list[str]:
 
 
 def summarize(rows: list[Row], rules: Rules) -> BatchStats:
-    """Fold batch_stats rows into counts by action and rule, plus the kept rows' dates and buckets."""
+    """Fold batch_stats rows into counts by action and rule, plus the kept rows' dates, buckets and id range."""
     by_action: dict[str, int] = {}
     by_rule: dict[str, int] = {}
     failed: dict[str, int] = {}
     buckets: set[int] = set()
     newest: int | None = None
+    first_ids: list[str] = []
+    last_ids: list[str] = []
     for row in rows:
         action, count = row["action"], row["rows"]
         by_action[action] = by_action.get(action, 0) + count
@@ -264,8 +271,12 @@ def summarize(rows: list[Row], rules: Rules) -> BatchStats:
             buckets.add(int(row["bucket"]))
         if row["newest"] is not None:
             newest = max(newest or 0, int(row["newest"]))
+        if row["first_id"] is not None:
+            first_ids.append(row["first_id"])
+            last_ids.append(row["last_id"])
     dates = sorted({date_of(b * TIME_BUCKET_MS) for b in buckets})
-    return BatchStats(by_action, by_rule, failed, tuple(dates), tuple(sorted(buckets)), newest)
+    id_range = (min(first_ids), max(last_ids)) if first_ids else None
+    return BatchStats(by_action, by_rule, failed, tuple(dates), tuple(sorted(buckets)), newest, id_range)
 
 
 def date_of(epoch_ms: int) -> date:

@@ -238,7 +238,10 @@ class BatchWriter:
         ranges = batch.time_ranges(stats.buckets)
         began = time.monotonic()
         merged = self._retry(
-            lambda: self.tables.merge_readings(rows, stats.dates, ranges, txn("readings"), self._evolving), "readings"
+            lambda: self.tables.merge_readings(
+                rows, stats.dates, ranges, txn("readings"), self._evolving, stats.id_range
+            ),
+            "readings",
         )
         steps["readings_merge"] = time.monotonic() - began
         m = self.metrics

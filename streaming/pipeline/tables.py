@@ -79,11 +79,16 @@ def retry_on_conflict(
     raise AssertionError("unreachable")
 
 
-def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[int, int]]) -> Column:
-    """The reading's key (event_id, event_time), narrowed by literal partition dates and event-time ranges.
+def readings_merge_condition(
+    dates: Sequence[date], ranges: Sequence[tuple[int, int]], ids: tuple[str, str] | None = None
+) -> Column:
+    """The reading's key (event_id, event_time), narrowed by literal partition dates, event-time ranges and the
+    batch's event-id range.
 
-    The literals let Delta prune partitions, and the ranges let it skip files by min/max statistics, so
-    a batch never scans the whole table. Built from typed values, never from message text.
+    The literals let Delta prune partitions and skip files by their min/max statistics, so a batch never scans the
+    whole table. Late rows make the time ranges cover hours of files; the id range still skips those files when ids
+    grow in send order (a counter, a ULID or UUIDv7 made when sent, the simulator's), as a late row's id is then
+    newer than theirs. Built from typed values, never spliced into SQL text.
     """
     condition = reduce(operator.and_, [F.col(f"t.{k}") == F.col(f"s.{k}") for k in (*READING_KEY, "event_date")])
     if dates:
@@ -91,6 +96,8 @@ def readings_merge_condition(dates: Sequence[date], ranges: Sequence[tuple[int, 
     if ranges:
         within = [F.col("t.event_time").between(_timestamp(low), _timestamp(high)) for low, high in ranges]
         condition = condition & reduce(operator.or_, within)
+    if ids is not None:
+        condition = condition & F.col("t.event_id").between(F.lit(ids[0]), F.lit(ids[1]))
     return condition
 
 
@@ -200,10 +207,12 @@ class LakeTables:
         ranges: Sequence[tuple[int, int]],
         txn: Txn | None,
         evolve: bool,
+        ids: tuple[str, str] | None = None,
     ) -> MergeResult:
-        """Insert-only dedup MERGE: events already in the table (same event_id) are left alone."""
+        """Insert-only dedup MERGE: events already in the table (same key) are left alone. `dates`, `ranges` and
+        `ids` must cover every source row (readings_merge_condition)."""
         target = DeltaTable.forPath(self.spark, self.readings_uri).alias("t")
-        builder = target.merge(source.alias("s"), readings_merge_condition(dates, ranges))
+        builder = target.merge(source.alias("s"), readings_merge_condition(dates, ranges, ids))
         if evolve:
             builder = builder.withSchemaEvolution()
         with self._transaction(txn):

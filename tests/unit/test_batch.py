@@ -232,7 +232,9 @@ def test_type_conflict_with_an_evolved_column_is_quarantined(spark: SparkSession
     assert got == [(["type_conflict:wind_ms"], "quarantine")]
 
 
-def test_batch_stats_count_actions_rules_dates_and_buckets(spark: SparkSession, local_settings: Settings) -> None:
+def test_batch_stats_count_actions_rules_dates_buckets_and_the_kept_id_range(
+    spark: SparkSession, local_settings: Settings
+) -> None:
     settings = replace(
         local_settings, validation=replace(local_settings.validation, actions={"event_time_in_future": "fail"})
     )
@@ -242,8 +244,8 @@ def test_batch_stats_count_actions_rules_dates_and_buckets(spark: SparkSession, 
         encode(event()),
         encode(event(event_id="x", event_time=two_days_ago)),
         b"nope",
-        encode(event(device_id=DROP)),
-        encode(event(event_id="f", event_time=4102444800000)),
+        encode(event(event_id="a", device_id=DROP)),
+        encode(event(event_id="zz", event_time=4102444800000)),
     ]
     validated = batch.validate(kafka_rows(spark, values), rules, INFO)
     stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
@@ -255,7 +257,15 @@ def test_batch_stats_count_actions_rules_dates_and_buckets(spark: SparkSession, 
         sorted({two_days_ago // batch.TIME_BUCKET_MS, (NOW_MS - 1000) // batch.TIME_BUCKET_MS})
     )
     assert stats.newest_event_ms == NOW_MS - 1000
+    assert stats.id_range == ("e-1", "x")  # the kept rows' ids only: not "a" (quarantined) nor "zz" (failed)
     assert (stats.messages, stats.kept) == (5, 2)
+
+
+def test_a_batch_that_keeps_nothing_has_no_id_range(spark: SparkSession, local_settings: Settings) -> None:
+    rules = Rules.from_settings(local_settings)
+    validated = batch.validate(kafka_rows(spark, [b"nope", encode(event(device_id=DROP))]), rules, INFO)
+    stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
+    assert (stats.kept, stats.id_range, stats.dates) == (0, None, ())
 
 
 def test_rules_follow_config(tmp_path: Any) -> None:
@@ -368,8 +378,6 @@ def test_the_checks_run_in_generated_code(spark: SparkSession, rules: Rules) -> 
     assert all(re.match(r"^[\s:+-]*\*\(\d+\) Project", line) for line in checks), [c[:200] for c in checks]
     assert "unexpected_field:" in plan  # the lambda over unexpected keys is still there, in a projection of its own
     assert [list(r.reasons) for r in validated.orderBy("offset").collect()] == [[], ["unexpected_field:wind_ms"]]
-
-
 
 
 def test_the_validations_whole_stage_method_runs_and_the_jit_compiles_it(spark: SparkSession, rules: Rules) -> None:

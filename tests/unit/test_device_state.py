@@ -50,7 +50,9 @@ def merge_readings(tables: LakeTables, spark: SparkSession, batch_id: int, event
     validated, rows = validated_batch(spark, rules, batch_id, events)
     try:
         stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
-        tables.merge_readings(rows, stats.dates, time_ranges(stats.buckets), Txn("q-readings", batch_id), evolve=False)
+        tables.merge_readings(
+            rows, stats.dates, time_ranges(stats.buckets), Txn("q-readings", batch_id), False, stats.id_range
+        )
     finally:
         rows.unpersist()
 

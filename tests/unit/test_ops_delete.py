@@ -58,9 +58,7 @@ def written(spark: SparkSession, local_settings: Settings, tmp_path_factory: pyt
     ]
     raw = spark.createDataFrame([(k, v, "t", 0, n, NOW) for n, (k, v) in enumerate(messages)], RAW_SCHEMA)
     info = batch.BatchInfo(1, NOW)
-    tables.append_quarantine(
-        batch.quarantine(batch.validate(raw, Rules.from_settings(tables.settings), info)), None
-    )
+    tables.append_quarantine(batch.quarantine(batch.validate(raw, Rules.from_settings(tables.settings), info)), None)
     return root
 
 

@@ -35,9 +35,12 @@ def tables(spark: SparkSession, local_settings: Settings, tmp_path: Path) -> Lak
     return lake
 
 
-def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dict], txn: bool = True) -> None:
+def write(
+    lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dict], txn: bool = True, ids: bool = True
+) -> None:
     """One batch the way the job writes it: the validated batch and its readings cached, the stats giving the
-    MERGE's literal dates and event-time ranges. Uncached, each MERGE plans and runs the validation again."""
+    MERGE's literal dates, event-time ranges and event-id range (`ids=False`: without the id range). Uncached, each
+    MERGE plans and runs the validation again."""
     rules = Rules.from_settings(lake.settings)
     info = batch.BatchInfo(batch_id, NOW)
     raw = kafka_rows(spark, [encode(e) for e in events])
@@ -46,7 +49,14 @@ def write(lake: LakeTables, spark: SparkSession, batch_id: int, events: list[dic
     try:
         stats = batch.summarize(batch.batch_stats(validated).collect(), rules)
         ranges = time_ranges(stats.buckets)
-        lake.merge_readings(rows, stats.dates, ranges, Txn("q-readings", batch_id) if txn else None, evolve=False)
+        lake.merge_readings(
+            rows,
+            stats.dates,
+            ranges,
+            Txn("q-readings", batch_id) if txn else None,
+            False,
+            stats.id_range if ids else None,
+        )
         lake.upsert_device_state(
             batch.latest_per_device(rows), Txn("q-device_state", batch_id) if txn else None, evolve=False
         )
@@ -144,17 +154,54 @@ def test_equal_event_time_and_seq_are_broken_by_one_rule_within_and_across_batch
     assert [(r.device_id, r.event_id) for r in state] == [("d1", "b")]
 
 
-def test_merge_condition_carries_literal_partitions_and_time_ranges(spark: SparkSession) -> None:
+def test_merge_condition_carries_literal_partitions_time_ranges_and_the_id_range(spark: SparkSession) -> None:
     low = int(datetime(2026, 11, 30, 1, tzinfo=UTC).timestamp() * 1000)
     hour = 3_600_000
     ranges = [(low, low + hour), (low + 5 * hour, low + 6 * hour)]
-    cond = readings_merge_condition([date(2026, 11, 30), date(2026, 11, 29), date(2026, 11, 30)], ranges)
+    cond = readings_merge_condition([date(2026, 11, 30), date(2026, 11, 29), date(2026, 11, 30)], ranges, ("a", "b"))
     text = str(cond)
+    assert "and(>=(t.event_id, 'a'), <=(t.event_id, 'b'))" in text
     assert "in(t.event_date, 2026-11-29, 2026-11-30)" in text  # literal, sorted, deduplicated
     assert f">=(t.event_time, timestamp_millis({low}L))" in text
     assert f"<=(t.event_time, timestamp_millis({low + hour}L))" in text
     assert f">=(t.event_time, timestamp_millis({low + 5 * hour}L))" in text and "or(" in text
     assert "=(t.event_id, s.event_id)" in text
+
+
+def test_a_late_reading_with_a_newer_id_never_opens_files_of_older_ids(spark: SparkSession, tables: LakeTables) -> None:
+    """Ids in send order: a late reading's time overlaps every file, its id range only the newer ones."""
+    hour = 3_600_000
+    write(tables, spark, 0, [event(event_id="a-1", event_time=NOW_MS - 2 * hour), event(event_id="a-2", seq=2)])
+    older_files = spark.read.format("delta").load(tables.readings_uri).inputFiles()
+    write(tables, spark, 1, [event(event_id="b-1", seq=3, event_time=NOW_MS - 3 * hour), event(event_id="b-2", seq=4)])
+    for uri in older_files:  # batch 0's files: reading one now fails the MERGE
+        Path(uri.removeprefix("file:")).unlink()
+    late = [
+        event(event_id="c-1", seq=5, event_time=NOW_MS - 2 * hour + 1000),
+        event(event_id="b-1", seq=3, event_time=NOW_MS - 3 * hour),
+    ]
+    # The negative control: by dates and time ranges alone, the MERGE opens batch 0's files.
+    with pytest.raises(Exception, match=r"(?i)not.*exist|FileNotFound"):
+        write(tables, spark, 2, late, txn=False, ids=False)
+    write(tables, spark, 2, late)
+    newer = spark.read.format("delta").load(tables.readings_uri).where("event_id >= 'b'")
+    assert sorted(r.event_id for r in newer.collect()) == ["b-1", "b-2", "c-1"]  # b-1's re-send found
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["0190a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b-", "é-", "z" * 40],
+    ids=["longer than the statistics' 32 characters", "non-ASCII", "one character repeated"],
+)
+def test_a_resent_event_at_either_end_of_the_batchs_id_range_is_found(
+    spark: SparkSession, tables: LakeTables, prefix: str
+) -> None:
+    """Delta keeps the first 32 characters of a string in its statistics; the range must still find both ends."""
+    write(tables, spark, 0, [event(event_id=f"{prefix}5"), event(event_id=f"{prefix}7", seq=2)])
+    write(tables, spark, 1, [event(event_id=f"{prefix}5"), event(event_id=f"{prefix}6", seq=3)])  # the smallest
+    write(tables, spark, 2, [event(event_id=f"{prefix}7", seq=2), event(event_id=f"{prefix}1", seq=4)])  # the largest
+    ids = sorted(r.event_id for r in spark.read.format("delta").load(tables.readings_uri).collect())
+    assert ids == [f"{prefix}{n}" for n in (1, 5, 6, 7)]
 
 
 def test_time_ranges_join_contiguous_buckets_and_cap_their_number() -> None:
