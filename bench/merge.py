@@ -31,6 +31,7 @@ from bench.stack import BenchStack, free_port
 from bench.stats import median
 from producers.encoding import event_id_prefix
 from producers.faults import DUPLICATE_HISTORY
+from streaming.cli.run import DEMO_FAULT_RATES
 from streaming.core.config import load_settings
 from streaming.core.http import get_json
 from streaming.core.session import build_session
@@ -55,8 +56,8 @@ SCAN_METRICS = {
 class MergeParams:
     sizes: tuple[int, ...] = (1_000_000, 10_000_000)
     batch_rows: int = 250_000
-    duplicate_fraction: float = 0.02  # `make run`'s fault mix
-    late_fraction: float = 0.01  # of the batch and of the table's rows, as in `make run`'s fault mix
+    duplicate_fraction: float = DEMO_FAULT_RATES["duplicate"]  # `make run`'s fault mix
+    late_fraction: float = DEMO_FAULT_RATES["late"]  # of the batch and of the table's rows
     runs: int = 3
     span_days: float = 7.0  # the largest table covers this much event time (the dedup horizon)
     rows_per_file: int = 250_000

@@ -426,8 +426,9 @@ def ensure_topic(
     topic = topic or settings.kafka.topic
     partitions = partitions or settings.kafka.partitions
     bootstrap = settings.kafka.bootstrap_servers
+    brokers = [b.strip() for b in bootstrap.split(",") if b.strip()]
     if replication_factor is None:
-        replication_factor = min(3, len([s for s in bootstrap.split(",") if s.strip()]))
+        replication_factor = min(3, len(brokers))
     admin = admin_client(bootstrap)
     deadline = time.monotonic() + timeout
     new_topic = NewTopic(
@@ -452,7 +453,6 @@ def ensure_topic(
             f"Creating Kafka topic {topic!r} on {bootstrap} got no answer within {timeout:.0f}s ({e}). "
             "Is the broker up? Start it with `python -m stack up` or fix kafka.bootstrap_servers."
         ) from e
-    brokers = [b.strip() for b in bootstrap.split(",") if b.strip()]
     pending = brokers if len(brokers) > 1 else []
     while True:
         count = _leaders_ready(admin, topic)

@@ -39,12 +39,8 @@ DRAIN_POLL_S = 0.5  # the drain is timed at this resolution
 INGEST_START_TIMEOUT_S = 300.0
 DRAIN_TIMEOUT_S = 180.0
 SIDECAR_INTERVAL = "30 seconds"  # the demo's sidecar measures (and compacts what crossed a bar) this often
-DEMO_FAULTS = (
-    "--duplicate-rate", "0.02",
-    "--out-of-order-rate", "0.02",
-    "--late-rate", "0.01",
-    "--malformed-rate", "0.01",
-)  # fmt: skip
+DEMO_FAULT_RATES = {"duplicate": 0.02, "out-of-order": 0.02, "late": 0.01, "malformed": 0.01}
+DEMO_FAULTS = tuple(arg for kind, rate in DEMO_FAULT_RATES.items() for arg in (f"--{kind}-rate", str(rate)))
 
 
 INGEST_ARGV = (sys.executable, "-m", "streaming.cli", "ingest")
