@@ -275,10 +275,12 @@ def notes(result: Mapping[str, Any]) -> list[str]:
         if not mer or "error" in mer:
             continue
         par = result["params"][key]
+        dup, late = par.get("duplicate_fraction", 0.01), par.get("late_fraction", 0.005)  # older files lack them
+        ids = {"sent": "; event ids in send order", "random": "; random event ids"}.get(par.get("ids", ""), "")
         out.append(
-            f"- **MERGE, table {where}** (`{key}`), on MinIO, batch of {par['batch_rows']:,} rows (~1% duplicates, "
-            f"~0.5% late; the table's files hold ~0.5% late rows too), median of {par['runs']} runs, table restored "
-            "after each run:"
+            f"- **MERGE, table {where}** (`{key}`), on MinIO, batch of {par['batch_rows']:,} rows ({dup:.0%} "
+            f"duplicates, {late:.1%} late; the table's files hold {late:.1%} late rows too{ids}), median of "
+            f"{par['runs']} runs, table restored after each run:"
         )
         out.append("")
         out.append(
