@@ -190,13 +190,28 @@ def test_a_late_reading_with_a_newer_id_never_opens_files_of_older_ids(spark: Sp
 
 @pytest.mark.parametrize(
     "prefix",
-    ["0190a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b-", "é-", "z" * 40],
-    ids=["longer than the statistics' 32 characters", "non-ASCII", "one character repeated"],
+    [
+        "0190a1b2-7c3d-7e4f-8a9b-0c1d2e3f4a5b-",
+        "é-",
+        "z" * 40,
+        "p" * 31 + "\U0001f600",
+        "p" * 32 + "\U0001f600",
+        "q" * 70,
+    ],
+    ids=[
+        "longer than the statistics' 32 characters",
+        "non-ASCII",
+        "one character repeated",
+        "a character beyond U+FFFF across the 32nd",
+        "a character beyond U+FFFF after the 32nd",
+        "longer than Parquet's 64-byte page statistics",
+    ],
 )
 def test_a_resent_event_at_either_end_of_the_batchs_id_range_is_found(
     spark: SparkSession, tables: LakeTables, prefix: str
 ) -> None:
-    """Delta keeps the first 32 characters of a string in its statistics; the range must still find both ends."""
+    """Delta keeps the first 32 characters of a string in its file statistics, Parquet the first 64 bytes in its
+    page statistics; the range must still find both ends."""
     write(tables, spark, 0, [event(event_id=f"{prefix}5"), event(event_id=f"{prefix}7", seq=2)])
     write(tables, spark, 1, [event(event_id=f"{prefix}5"), event(event_id=f"{prefix}6", seq=3)])  # the smallest
     write(tables, spark, 2, [event(event_id=f"{prefix}7", seq=2), event(event_id=f"{prefix}1", seq=4)])  # the largest
