@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -25,6 +28,32 @@ def descendants(roots: Iterable[int], parent_of: Mapping[int, int]) -> set[int]:
             found.add(pid)
             stack.extend(children.get(pid, ()))
     return found
+
+
+_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())  # the kcmp(2) syscall's number; Linux only
+_KCMP_VM = 1
+_libc = ctypes.CDLL(None, use_errno=True) if _KCMP is not None and os.name == "posix" else None
+
+
+def shares_address_space(a: int, b: int) -> bool:
+    """Whether two processes use one address space (kcmp KCMP_VM).
+
+    A child between posix_spawn (or vfork) and its exec does: the JVM spawns each Hadoop `chmod` that way, and /proc
+    shows that child the JVM's whole RSS. False where kcmp is missing or refused.
+    """
+    if _libc is None:
+        return False
+    return bool(_libc.syscall(_KCMP, a, b, _KCMP_VM, 0, 0) == 0)
+
+
+def resident_bytes(looks: Mapping[int, ProcessLook], pids: Iterable[int]) -> int:
+    """The RSS of a set of processes, each address space once: a child sharing its parent's is not added."""
+    members = set(pids)
+    return sum(
+        look.rss
+        for pid, look in ((p, looks[p]) for p in members)
+        if not (look.ppid in members and shares_address_space(pid, look.ppid))
+    )
 
 
 @dataclass(frozen=True)
@@ -126,7 +155,7 @@ class ProcSampler:
 
             cpu = {g: cpu_seconds(looks, previous, pids) / dt for g, pids in groups.items()}
             busy = (cpu_now[0] - last_cpu[0]) / max(cpu_now[1] - last_cpu[1], 1e-6) * psutil.cpu_count()
-            rss = {g: sum(looks[p].rss for p in pids) for g, pids in groups.items()}
+            rss = {g: resident_bytes(looks, pids) for g, pids in groups.items()}
             self.samples.append(Sample(now - self._started, rss, cpu, busy))
             last, last_cpu, last_t = looks, cpu_now, now
             self._stop.wait(self.interval)

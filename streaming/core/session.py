@@ -73,6 +73,11 @@ BASE_CONF: dict[str, str] = {
 # HotSpot never JIT-compiles a method over 8,000 bytes of bytecode unless told to; the validation's checks make one of
 # ~11.5 kB. Put in front of the config's own extraJavaOptions for the driver and the executors.
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
+# The driver (in local mode, the whole job) runs HotSpot's parallel collector: on two cores G1's concurrent marking and
+# refinement threads take CPU from the batches (README, "The driver's garbage collector"). Only when the config's own
+# options pick no collector: two of them stop the JVM at start. Executors on a cluster keep the JVM's default.
+GC_OPTIONS = "-XX:+UseParallelGC"
+COLLECTOR_CHOICE = re.compile(r"-XX:\+Use\w+GC\b")
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 JAVA_OPTIONS_KEYS = (DRIVER_OPTIONS, "spark.executor.extraJavaOptions")
 CLASSPATH_KEYS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
@@ -160,7 +165,9 @@ def session_conf(
     conf.update(storage_conf(settings))
     conf.update(settings.spark.conf)
     for key in JAVA_OPTIONS_KEYS:
-        conf[key] = " ".join(filter(None, [JIT_OPTIONS, settings.spark.conf.get(key, "").strip()]))
+        own = settings.spark.conf.get(key, "").strip()
+        collector = GC_OPTIONS if key == DRIVER_OPTIONS and not COLLECTOR_CHOICE.search(own) else ""
+        conf[key] = " ".join(filter(None, [JIT_OPTIONS, collector, own]))
     conf.update(log_store_conf(settings, log_store_jar))  # keeps config's spark.jars, adds the log store's
     conf.update(extra or {})
     return conf

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,6 +13,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
+import psutil
 import pytest
 
 from bench import report
@@ -20,7 +24,7 @@ from bench.floor import batches_of
 from bench.floor import steady as floor_steady
 from bench.job import BenchError
 from bench.latency import tiny_figures
-from bench.procs import ProcessLook, ProcSampler, cpu_seconds, descendants
+from bench.procs import ProcessLook, ProcSampler, cpu_seconds, descendants, shares_address_space
 from bench.s3_requests import batch_requests
 from bench.stats import (
     BatchLine,
@@ -89,6 +93,61 @@ def test_the_sampler_sees_a_child_process_its_memory_and_its_cpu() -> None:
         assert sampler.mean_cpu("child") > 0.3, sampler.samples[-3:]
         peaks = sampler.summary()["rss_peak_gib"]
         assert isinstance(peaks, dict) and peaks["all"] >= sampler.peak_gib("child")
+    finally:
+        child.kill()
+        child.wait()
+
+
+# A process holding 256 MiB that makes a real child with CLONE_VM, as posix_spawn does before its exec, and prints its
+# pid; the child waits in pause() on a stack of its own until killed.
+CLONE_VM_CHILD = """
+import ctypes, signal, sys, time
+ballast = b"x" * (256 << 20)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.clone.restype = ctypes.c_int
+libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+stack = ctypes.create_string_buffer(1 << 16)
+top = ctypes.c_void_p(ctypes.addressof(stack) + (1 << 16) - 64)
+pid = libc.clone(ctypes.cast(libc.pause, ctypes.c_void_p), top, 0x100 | signal.SIGCHLD, None)
+print(pid if pid > 0 else f"clone failed: errno {ctypes.get_errno()}", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_child_that_shares_its_parents_address_space_is_counted_once() -> None:
+    """A JVM spawns each chmod through posix_spawn: until the exec, the child shares the JVM's address space and /proc
+    shows it the JVM's RSS. Counted twice, a 2.8 GiB job read 5.6 GiB in a one-second sample that caught one."""
+    parent = subprocess.Popen([sys.executable, "-c", CLONE_VM_CHILD], stdout=subprocess.PIPE, text=True)
+    line = ""
+    try:
+        line = parent.stdout.readline().strip() if parent.stdout else ""
+        assert line.isdigit(), line
+        child = int(line)
+        assert psutil.Process(child).ppid() == parent.pid
+        assert psutil.Process(child).memory_info().rss >= 256 << 20  # what /proc says: the parent's pages
+        assert shares_address_space(parent.pid, child)
+        with ProcSampler(interval=0.1) as sampler:
+            sampler.track("parent", parent.pid)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(sampler.samples) < 5:
+                time.sleep(0.1)
+        rss = psutil.Process(parent.pid).memory_info().rss
+        assert len(sampler.samples) >= 5
+        assert rss * 0.8 <= max(s.rss["parent"] for s in sampler.samples) <= rss * 1.25, (rss, sampler.samples[-1])
+    finally:
+        parent.kill()  # the child, on the killed parent's memory, goes with it: kill it by its own pid too
+        if line.isdigit():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line), signal.SIGKILL)
+        parent.wait()
+
+
+def test_a_forked_child_has_an_address_space_of_its_own() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not shares_address_space(os.getpid(), child.pid)
+        assert shares_address_space(os.getpid(), os.getpid())
+        assert not shares_address_space(os.getpid(), 2**22 + 7)  # no such process
     finally:
         child.kill()
         child.wait()

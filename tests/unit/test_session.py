@@ -18,6 +18,7 @@ from streaming.core.config import Settings, load_settings
 from streaming.core.errors import ConfigError, CredentialsError, SessionError
 from streaming.core.session import (
     DRIVER_OPTIONS,
+    GC_OPTIONS,
     JIT_OPTIONS,
     SUBMIT_ARGS,
     _auth_properties,
@@ -55,9 +56,29 @@ def test_every_jvm_jit_compiles_huge_methods_and_keeps_the_configs_own_options(s
     """Whole-stage code of the validation and of Delta's action rows has methods over HotSpot's 8,000-byte JIT
     limit: driver and executors get -XX:-DontCompileHugeMethods, in front of any options the config gives them."""
     key = f"spark.{side}.extraJavaOptions"
-    assert session_conf(load_settings(env=KEYS))[key] == JIT_OPTIONS == "-XX:-DontCompileHugeMethods"
+    assert JIT_OPTIONS == "-XX:-DontCompileHugeMethods"
+    assert session_conf(load_settings(env=KEYS))[key].split()[0] == JIT_OPTIONS
     own = load_settings(env={**KEYS, f"IOTLAKE_SPARK__CONF__{key}": "-Xss4m -Dx=1"})
-    assert session_conf(own)[key] == f"{JIT_OPTIONS} -Xss4m -Dx=1"  # a later -XX:+DontCompileHugeMethods would win
+    options = session_conf(own)[key]  # a later -XX:+DontCompileHugeMethods would win
+    assert options.startswith(f"{JIT_OPTIONS} ") and options.endswith(" -Xss4m -Dx=1")
+
+
+def test_the_driver_runs_the_throughput_collector_unless_the_config_picks_one() -> None:
+    """The driver (in local mode, the whole job) runs HotSpot's parallel collector: G1's concurrent work takes CPU
+    from the batches on two cores (README, "The driver's garbage collector"). A collector the config names is kept
+    alone: two of them stop the JVM at start. Executors on a cluster keep the JVM's default."""
+    options = session_conf(load_settings(env=KEYS))
+    assert options[DRIVER_OPTIONS].split() == [JIT_OPTIONS, GC_OPTIONS] and GC_OPTIONS == "-XX:+UseParallelGC"
+    assert options["spark.executor.extraJavaOptions"] == JIT_OPTIONS
+    for own in ("-XX:+UseG1GC", "-Xss4m -XX:+UseZGC", "-XX:+UseSerialGC -Dx=1"):
+        env = {**KEYS, f"IOTLAKE_SPARK__CONF__{DRIVER_OPTIONS}": own}
+        assert session_conf(load_settings(env=env))[DRIVER_OPTIONS] == f"{JIT_OPTIONS} {own}"
+
+
+def test_the_running_driver_collects_with_the_parallel_collector(spark: SparkSession) -> None:
+    """The option reaches the JVM: its collectors are the parallel collector's (PS Scavenge, PS MarkSweep)."""
+    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()  # type: ignore[union-attr]
+    assert sorted(str(bean.getName()) for bean in beans) == ["PS MarkSweep", "PS Scavenge"]
 
 
 def test_credentials_from_config_leave_the_launch_conf_too() -> None:
