@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -30,9 +30,18 @@ def descendants(roots: Iterable[int], parent_of: Mapping[int, int]) -> set[int]:
     return found
 
 
+@dataclass(frozen=True)
+class ProcessLook:
+    """One look at a process: its parent, CPU seconds so far (user + system) and resident memory."""
+
+    ppid: int
+    cpu_s: float
+    rss: int
+
+
 _KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())  # the kcmp(2) syscall's number; Linux only
 _KCMP_VM = 1
-_libc = ctypes.CDLL(None, use_errno=True) if _KCMP is not None and os.name == "posix" else None
+_libc = ctypes.CDLL(None, use_errno=True) if _KCMP is not None and sys.platform.startswith("linux") else None
 
 
 def shares_address_space(a: int, b: int) -> bool:
@@ -50,19 +59,10 @@ def resident_bytes(looks: Mapping[int, ProcessLook], pids: Iterable[int]) -> int
     """The RSS of a set of processes, each address space once: a child sharing its parent's is not added."""
     members = set(pids)
     return sum(
-        look.rss
-        for pid, look in ((p, looks[p]) for p in members)
-        if not (look.ppid in members and shares_address_space(pid, look.ppid))
+        looks[pid].rss
+        for pid in members
+        if not (looks[pid].ppid in members and shares_address_space(pid, looks[pid].ppid))
     )
-
-
-@dataclass(frozen=True)
-class ProcessLook:
-    """One look at a process: its parent, CPU seconds so far (user + system) and resident memory."""
-
-    ppid: int
-    cpu_s: float
-    rss: int
 
 
 def snapshot() -> dict[int, ProcessLook]:
