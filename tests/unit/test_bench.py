@@ -101,7 +101,7 @@ def test_the_sampler_sees_a_child_process_its_memory_and_its_cpu() -> None:
 # A process holding 256 MiB that makes a real child with CLONE_VM, as posix_spawn does before its exec, and prints its
 # pid; the child waits in pause() on a stack of its own until killed.
 CLONE_VM_CHILD = """
-import ctypes, signal, sys, time
+import ctypes, signal, time
 ballast = b"x" * (256 << 20)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.clone.restype = ctypes.c_int
@@ -135,7 +135,7 @@ def test_a_child_that_shares_its_parents_address_space_is_counted_once() -> None
         assert len(sampler.samples) >= 5
         assert rss * 0.8 <= max(s.rss["parent"] for s in sampler.samples) <= rss * 1.25, (rss, sampler.samples[-1])
     finally:
-        parent.kill()  # the child, on the killed parent's memory, goes with it: kill it by its own pid too
+        parent.kill()  # the child outlives it (it holds the address space): kill it by its own pid too
         if line.isdigit():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(line), signal.SIGKILL)
@@ -147,7 +147,7 @@ def test_a_forked_child_has_an_address_space_of_its_own() -> None:
     try:
         assert not shares_address_space(os.getpid(), child.pid)
         assert shares_address_space(os.getpid(), os.getpid())
-        assert not shares_address_space(os.getpid(), 2**22 + 7)  # no such process
+        assert not shares_address_space(os.getpid(), 2**22 + 7)  # over Linux's largest pid_max: no such process
     finally:
         child.kill()
         child.wait()
