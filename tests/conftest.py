@@ -72,7 +72,7 @@ def worker_scope(nodeid: str) -> str:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`make test` (pytest-xdist, `-n 2`): two scopes, each whole on one worker in file order (`worker_scope`).
     (xdist's own `--dist loadgroup` can't do it with pytest 9.2: it renames `item._nodeid`, which pytest no longer
-    reads. Handing the integration tests out one by one was tried and was slower: README, Tests.)"""
+    reads. Handing the integration tests out one by one was tried and was slower: docs/test-suite-log.md.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class TwoScopes(LoadScopeScheduling):

@@ -74,8 +74,9 @@ BASE_CONF: dict[str, str] = {
 # ~11.5 kB. Put in front of the config's own extraJavaOptions for the driver and the executors.
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
 # The driver (in local mode, the whole job) runs HotSpot's parallel collector: on two cores G1's concurrent marking and
-# refinement threads take CPU from the batches (README, "The driver's garbage collector"). Only when the config's own
-# options pick no collector: two of them stop the JVM at start. Executors on a cluster keep the JVM's default.
+# refinement threads take CPU from the batches (docs/benchmark-log.md, "The driver's garbage collector"). Only when
+# the config's own options pick no collector: two of them stop the JVM at start. Executors on a cluster keep the JVM's
+# default.
 GC_OPTIONS = "-XX:+UseParallelGC"
 COLLECTOR_CHOICE = re.compile(r"-XX:\+Use\w+GC\b")
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"

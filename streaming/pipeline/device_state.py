@@ -1,8 +1,8 @@
 """device_state follows readings: each batch's newest reading per device is folded, and upserted once per interval.
 
-A device_state MERGE is about 1.3 s of fixed Spark and Delta work however few rows it has (README, Benchmark). So the
-job keeps each batch's newest reading per device (a few hundred rows, cached) and upserts their union at most once
-per `ingest.device_state_interval`, under the transaction version of the newest batch folded in. The upsert's
+A device_state MERGE is about 1.3 s of fixed Spark and Delta work however few rows it has (docs/benchmark-log.md).
+So the job keeps each batch's newest reading per device (a few hundred rows, cached) and upserts their union at most
+once per `ingest.device_state_interval`, under the transaction version of the newest batch folded in. The upsert's
 order (event_time, seq, event_id) is total, so one upsert of several batches' rows gives what one upsert per batch
 gives; an exact tie (the same event re-sent in a later batch) keeps the earlier batch's row, as per-batch upserts do.
 

@@ -2,8 +2,8 @@
 
 The first micro-batch of a new JVM loads Spark's, Delta's and Parquet's classes, generates and compiles the
 batch's code and leaves the JIT cold; on two cores that took 25 s for 20,000 messages, against 12 s warm
-(README, "Benchmark"). Run before the query starts, a batch of synthetic messages through the same BatchWriter
-into scratch tables on local disk pays that once, before the first message waits on it.
+(docs/benchmark-log.md, "Fast ingest: a warm-up batch"). Run before the query starts, a batch of synthetic messages
+through the same BatchWriter into scratch tables on local disk pays that once, before the first message waits on it.
 
 Nothing of the lake is touched: the scratch tables, their checkpoint folder and the metrics registry are the
 warm-up's own and are removed after it; the real query's ids, batches and transaction ids are unchanged.

@@ -65,8 +65,8 @@ def test_every_jvm_jit_compiles_huge_methods_and_keeps_the_configs_own_options(s
 
 def test_the_driver_runs_the_throughput_collector_unless_the_config_picks_one() -> None:
     """The driver (in local mode, the whole job) runs HotSpot's parallel collector: G1's concurrent work takes CPU
-    from the batches on two cores (README, "The driver's garbage collector"). A collector the config names is kept
-    alone: two of them stop the JVM at start. Executors on a cluster keep the JVM's default."""
+    from the batches on two cores (docs/benchmark-log.md, "The driver's garbage collector"). A collector the config
+    names is kept alone: two of them stop the JVM at start. Executors on a cluster keep the JVM's default."""
     options = session_conf(load_settings(env=KEYS))
     assert options[DRIVER_OPTIONS].split() == [JIT_OPTIONS, GC_OPTIONS] and GC_OPTIONS == "-XX:+UseParallelGC"
     assert options["spark.executor.extraJavaOptions"] == JIT_OPTIONS
@@ -231,7 +231,7 @@ def test_the_running_session_is_reused_for_settings_it_was_built_for(
 
 
 def test_queries_post_the_simple_plan_description_unless_the_config_asks_for_another() -> None:
-    """Spark's default "formatted" plan description cost a tiny batch about 6% (the README's benchmark section)."""
+    """Spark's default "formatted" plan description cost a tiny batch about 6% (docs/benchmark-log.md)."""
     key = "spark.sql.ui.explainMode"
     assert session_conf(load_settings(env=KEYS))[key] == "simple"
     assert session_conf(load_settings(env={**KEYS, f"IOTLAKE_SPARK__CONF__{key}": "formatted"}))[key] == "formatted"
