@@ -27,7 +27,7 @@ from stack import prometheus as prom
 from stack.layout import StackLayout
 from stack.supervise import GaveUp, RestartPolicy, SupervisedChild, Supervisor
 from streaming.core.catalog import lake_tables, resolve_table
-from streaming.core.config import Settings, load_settings, parse_duration
+from streaming.core.config import Settings, load_settings
 from streaming.core.errors import StackError, first_line
 from streaming.core.prometheus import scrape
 from streaming.lake.health import Commit
@@ -229,8 +229,7 @@ def run_pipeline(
     summary_path = layout.home / "sensor-sim-summary.json"
     sup, ingest = supervisor(settings, layout, env, policy, rotation)
     sim: Child | None = None
-    trigger_s = parse_duration(settings.ingest.trigger_interval, "ingest.trigger_interval")
-    timeline = Timeline(rate, trigger_s)
+    timeline = Timeline(rate, settings.ingest.trigger_interval_s)
     started = time.monotonic()
     interrupted = False
     gave_up: GaveUp | None = None

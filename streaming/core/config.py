@@ -172,6 +172,10 @@ class IngestConfig:
     def device_state_interval_s(self) -> float:
         return parse_duration(self.device_state_interval, "ingest.device_state_interval")
 
+    @property
+    def trigger_interval_s(self) -> float:
+        return parse_duration(self.trigger_interval, "ingest.trigger_interval")
+
 
 @dataclass(frozen=True)
 class TableConfig:

@@ -22,7 +22,7 @@ from pyspark.sql.streaming.listener import (
 )
 from pyspark.storagelevel import StorageLevel
 
-from streaming.core.config import Settings, parse_duration
+from streaming.core.config import Settings
 from streaming.core.errors import CheckpointError, CredentialsError, IotLakeError, ValidationFailure
 from streaming.core.hadoop_fs import HadoopFiles
 from streaming.core.logstore import check_writers_safe
@@ -42,6 +42,9 @@ from streaming.pipeline.warmup import QUERY_ID_PROPERTY, wants_warm_up, warm_up
 log = logging.getLogger("iotlake.ingest")
 T = TypeVar("T")
 QUERY_NAME = "iotlake_ingest"
+# A continuous stream with data to read starts its next batch within a trigger interval of the last one's end, plus
+# the offset lookup and the offset log's write: no batch for this much longer, and the stream is idle.
+IDLE_MARGIN_S = 2.0
 IDENTITY_FILE = "iotlake.json"  # in the checkpoint: the topic and base_uri it belongs to
 
 
@@ -88,21 +91,29 @@ class BatchWriter:
             self.upsert_device_state, settings.ingest.device_state_interval_s, after_upsert=repair
         )
         self._busy = threading.Lock()  # a batch, or a device_state upsert between batches: one at a time
+        self._idle_after_s = settings.ingest.trigger_interval_s + IDLE_MARGIN_S
+        self._batch_ended = time.monotonic()  # a query about to start is not idle yet
 
     def __call__(self, raw: DataFrame, batch_id: int) -> None:
         with self._busy:
-            self._run_batch(raw, batch_id)
+            try:
+                self._run_batch(raw, batch_id)
+            finally:
+                self._batch_ended = time.monotonic()
 
     def flush_device_state(self, *, wait: bool) -> None:
-        """Upsert the folded device states: if due and no batch is running (`wait=False`), or now (at the end).
+        """Upsert the folded device states: now (`wait`, at the end), or if due and the stream has gone idle.
 
-        A failure is logged, not raised: the folded rows are kept for the next try, and they are in readings, from
-        which the next start brings device_state up to date (streaming.pipeline.device_state).
+        Idle: no batch for a trigger interval and IDLE_MARGIN_S. A stream with data to read upserts them in its next
+        batch, after that batch's readings commit; an upsert between two of its batches would hold the next one back
+        by a whole MERGE. A failure is logged, not raised: the folded rows are kept for the next try, and they are
+        in readings, from which the next start brings device_state up to date (streaming.pipeline.device_state).
         """
         if not self._busy.acquire(blocking=wait):
             return
         try:
-            if wait or self.device_state.due():
+            idle = time.monotonic() - self._batch_ended >= self._idle_after_s
+            if wait or (idle and self.device_state.due()):
                 self.device_state.flush()
         except Exception as e:  # see the docstring
             log.warning(
@@ -389,7 +400,7 @@ def start_query(
     if available_now:
         stream = stream.trigger(availableNow=True)
     else:
-        stream = stream.trigger(processingTime=f"{parse_duration(settings.ingest.trigger_interval, ''):.3f} seconds")
+        stream = stream.trigger(processingTime=f"{settings.ingest.trigger_interval_s:.3f} seconds")
     return stream.start()
 
 
@@ -441,7 +452,7 @@ def run(
         log.info("streaming query %s started (checkpoint %s)", query.id, settings.ingest.checkpoint_uri)
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
-            writer.flush_device_state(wait=False)  # an idle stream runs no batch to upsert them
+            writer.flush_device_state(wait=False)  # an idle stream runs no batch that would upsert them
         if query.isActive:
             log.info("stopping the streaming query (signal received)")
             query.stop()

@@ -171,22 +171,22 @@ def table_version(settings: Settings, name: str, secrets: Mapping[str, str]) -> 
     return DeltaTable(uri, storage_options=reader_options(settings, secrets)).version()
 
 
-def delta_log_actions(settings: Settings, name: str, kind: str) -> list[dict[str, Any]]:
-    """Every action of one kind ('txn', 'commitInfo', ...) in a table's JSON commit files, in order."""
+def delta_log_commits(settings: Settings, name: str) -> list[list[dict[str, Any]]]:
+    """The actions of each of a table's JSON commit files, oldest commit first."""
     s = settings.storage
     prefix = s.base_uri.removeprefix(f"s3a://{s.bucket}/").rstrip("/")
     client = minio_client(settings)
-    found: list[dict[str, Any]] = []
     objects = client.list_objects(s.bucket, prefix=f"{prefix}/{name}/_delta_log/")
-    for obj in sorted(objects, key=lambda o: o.object_name):
-        if not obj.object_name.endswith(".json"):
-            continue
-        body = client.get_object(s.bucket, obj.object_name).read().decode()
-        for line in body.splitlines():
-            action = json.loads(line)
-            if kind in action:
-                found.append(action[kind])
-    return found
+    return [
+        [json.loads(line) for line in client.get_object(s.bucket, obj.object_name).read().decode().splitlines()]
+        for obj in sorted(objects, key=lambda o: o.object_name)
+        if obj.object_name.endswith(".json")
+    ]
+
+
+def delta_log_actions(settings: Settings, name: str, kind: str) -> list[dict[str, Any]]:
+    """Every action of one kind ('txn', 'commitInfo', ...) in a table's JSON commit files, in order."""
+    return [action[kind] for commit in delta_log_commits(settings, name) for action in commit if kind in action]
 
 
 def explain(result: subprocess.CompletedProcess[str]) -> str:
