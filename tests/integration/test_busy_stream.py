@@ -45,9 +45,8 @@ def test_a_busy_stream_never_upserts_device_state_between_batches(
     log = tmp_path / "ingest.log"
     job = start_ingest(env, log)
     try:
-        summary = simulate(
-            settings, tmp_path, *FAULTS, "--rate", "150", count=MESSAGES
-        )  # while the job starts and runs
+        # Produced while the job starts and runs.
+        summary = simulate(settings, tmp_path, *FAULTS, "--rate", "150", count=MESSAGES)
         wait_for(
             lambda: job.poll() is not None or committed_offsets_sum(checkpoint, settings.kafka.topic) >= MESSAGES,
             300,
