@@ -26,6 +26,7 @@ from streaming.core.storage import delta_rs_uri, delta_storage_options
 from streaming.lake.status import committed_offsets
 from streaming.pipeline.faults import CRASH_ENV, Faults
 from streaming.pipeline.ingest import BatchReport, run
+from tests.helpers import wait_for
 
 
 def simulate(settings: Settings, out: Path, *flags: str, count: int = 20_000, seed: int = 7) -> dict[str, Any]:
@@ -132,6 +133,17 @@ def start_ingest(env: Mapping[str, str], log: Path, *args: str) -> subprocess.Po
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def wait_for_first_batch(job: subprocess.Popen[bytes], checkpoint: Path, log: Path, timeout: float = 300) -> None:
+    """Wait until a job from start_ingest has committed batch 0; fail with the end of its log if it exits first."""
+    wait_for(
+        lambda: job.poll() is not None or (checkpoint / "commits" / "0").exists(),
+        timeout,
+        interval=0.5,
+        message="the job's first batch",
+    )
+    assert job.poll() is None, log.read_text()[-3000:]
 
 
 def stop_job(job: subprocess.Popen[bytes], timeout: float = 120) -> int:

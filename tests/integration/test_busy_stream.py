@@ -23,6 +23,7 @@ from tests.integration.lake import (
     simulate,
     start_ingest,
     stop_job,
+    wait_for_first_batch,
 )
 from tests.integration.test_pipeline import FAULTS
 
@@ -48,13 +49,7 @@ def test_a_busy_stream_never_upserts_device_state_between_batches(
     job = start_ingest(env, log)
     try:
         priming = simulate(settings, tmp_path, count=PRIMING, seed=1)
-        wait_for(
-            lambda: job.poll() is not None or (checkpoint / "commits" / "0").exists(),
-            300,
-            interval=0.5,
-            message="the job's first batch",
-        )
-        assert job.poll() is None, log.read_text()[-3000:]
+        wait_for_first_batch(job, checkpoint, log)
         traffic = simulate(settings, tmp_path, *FAULTS, "--rate", "150", count=MESSAGES, seed=2)
         wait_for(
             lambda: (

@@ -29,6 +29,7 @@ from tests.integration.lake import (
     stop_job,
     table_version,
     trigger_cap,
+    wait_for_first_batch,
 )
 from tests.integration.test_pipeline import FAULTS
 
@@ -80,13 +81,7 @@ def test_a_second_job_on_the_same_checkpoint_is_refused(
     log = tmp_path / "first.log"
     first = start_ingest(env, log)
     try:
-        wait_for(
-            lambda: first.poll() is not None or (checkpoint / "commits" / "0").exists(),
-            300,
-            interval=0.5,
-            message="the first job's first batch",
-        )
-        assert first.poll() is None, log.read_text()[-3000:]
+        wait_for_first_batch(first, checkpoint, log)
         with pytest.raises(CheckpointError, match="Another job is running on the checkpoint") as refused:
             ingest(spark, env)  # this process is the second job
         assert f"pid {first.pid}" in str(refused.value)
