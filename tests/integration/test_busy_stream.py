@@ -29,7 +29,7 @@ from tests.integration.test_pipeline import FAULTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PRIMING = 200  # the job's first batch, before the measured traffic: the job is up and warm when it starts
+PRIMING = 200  # the job's first batch, before the measured traffic: the job is up when the traffic starts
 MESSAGES = 9_000  # 60 s at 150 messages/s: every trigger finds data
 
 
